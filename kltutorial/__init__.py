@@ -1,0 +1,51 @@
+"""kltutorial: the code behind the book *The KL Penalty in RLHF*.
+
+Every number and figure in the book comes from this package; the notebooks import it and never
+re-implement it. One concept per module:
+
+==========================  ==================================================  =========
+module                      what it holds                                       sections
+==========================  ==================================================  =========
+``logprobs``                log-probs of chosen tokens; exact per-position KL   8, 12
+``estimators``              k1 / k2 / k3 / abs estimators, masking, reduction   4, 8
+``objective``               per-token reward shaping; the penalised objective   5, 8
+``controllers``             fixed, proportional, doubling, exponential beta     7, 8
+``simulate``                the (invented) training-dynamics models of §10      10
+``toyrlhf``                 a real RLHF run on an enumerable output space       11
+``plotting``                the book's figures, one house style                 all
+``bench``                   memory/time benchmark of the log-prob kernels       12
+==========================  ==================================================  =========
+
+Shape vocabulary used in every docstring: ``B`` batch, ``T`` tokens (positions), ``V`` vocabulary,
+``N`` samples. KL is in nats throughout.
+"""
+
+from .controllers import (
+    AdaptiveKLController,
+    ControllerHistory,
+    DoublingKLController,
+    ExponentialKLController,
+    FixedKLController,
+    KLController,
+)
+from .estimators import ESTIMATORS, compute_token_kl, kl_estimate
+from .logprobs import exact_kl, get_logprobs_for_tokens
+from .objective import compute_rlhf_objective, shape_rewards
+
+__all__ = [
+    "ESTIMATORS",
+    "AdaptiveKLController",
+    "ControllerHistory",
+    "DoublingKLController",
+    "ExponentialKLController",
+    "FixedKLController",
+    "KLController",
+    "compute_rlhf_objective",
+    "compute_token_kl",
+    "exact_kl",
+    "get_logprobs_for_tokens",
+    "kl_estimate",
+    "shape_rewards",
+]
+
+__version__ = "0.1.0"
