@@ -1,0 +1,308 @@
+"""Tests of kltutorial.simulate: the vectorised §10 models against scalar references."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kltutorial.controllers import (
+    AdaptiveKLController,
+    DoublingKLController,
+    ExponentialKLController,
+    FixedKLController,
+)
+from kltutorial.simulate import (
+    TrainingNoise,
+    controlled_reward,
+    draw_training_noise,
+    equilibrium_kl,
+    illustrative_token_kl_patterns,
+    learned_reward,
+    simulate_training_trajectory,
+    simulate_training_with_controller,
+)
+
+BETAS = [0.01, 0.05, 0.1, 0.3, 1.0]
+
+
+# ------------------------------------------------------------------------------------------
+# Scalar, loop-based references: the handbook's single-run recursions, one seed at a time.
+# ------------------------------------------------------------------------------------------
+
+
+def reference_trajectory(beta, z_kl, z_reward, reward_scale=1.0, noise_scale=0.08):
+    """Handbook §10 ``simulate_training_trajectory`` for one β, with given standard normals."""
+    kl_values, reward_values = [0.0], [0.0]
+    eq = 18.0 / (1.0 + 8.0 * beta)
+    for step in range(len(z_kl)):
+        current = kl_values[-1]
+        update = 0.08 * (eq - current)
+        new_kl = max(0.0, current + update + noise_scale * z_kl[step])
+        score = reward_scale * (2.0 * (1.0 - math.exp(-new_kl / 5.0)) + 0.08 * max(0.0, new_kl - 10.0))
+        kl_values.append(new_kl)
+        reward_values.append(score + noise_scale * z_reward[step])
+    return np.array(kl_values), np.array(reward_values)
+
+
+def reference_controlled(controller, z_kl, z_reward, kl_noise=0.08, reward_noise=0.05, n_steps=1):
+    """Handbook §10 ``simulate_training_with_controller`` for one run, driving the *stateful*
+    controller through ``update`` (so the vectorised ``next_beta`` path is checked against it)."""
+    init_beta = controller.value
+    current_kl = 0.5
+    kls, betas, rewards = [current_kl], [init_beta], [1.5 * (1 - math.exp(-current_kl / 5.0))]
+    for step in range(len(z_kl)):
+        beta = controller.value
+        current_kl = max(0.1, current_kl + 0.14 - 0.08 * beta * current_kl + kl_noise * z_kl[step])
+        rewards.append(1.5 * (1 - math.exp(-current_kl / 5.0)) + reward_noise * z_reward[step])
+        kls.append(current_kl)
+        betas.append(controller.update(current_kl, n_steps))
+    kls, rewards = np.array(kls), np.array(rewards)
+    return kls, np.array(betas), rewards, rewards - init_beta * kls
+
+
+# ------------------------------------------------------------------------------------------
+# Model 1
+# ------------------------------------------------------------------------------------------
+
+
+def test_trajectory_shapes_and_start():
+    res = simulate_training_trajectory(BETAS, n_steps=30, n_seeds=7, rng=np.random.default_rng(0))
+    assert res.kl.shape == res.reward.shape == (5, 7, 31)
+    assert res.n_steps == 30 and res.n_seeds == 7
+    np.testing.assert_array_equal(res.betas, BETAS)
+    assert np.all(res.kl[..., 0] == 0.0) and np.all(res.reward[..., 0] == 0.0)
+    assert np.all(res.kl >= 0.0)
+    assert not res.kl.flags.writeable
+
+
+@pytest.mark.parametrize("reward_scale, noise_scale", [(1.0, 0.08), (2.5, 0.3)])
+def test_trajectory_reproduces_scalar_recursion(reward_scale, noise_scale):
+    noise = draw_training_noise(n_seeds=4, n_steps=60, rng=np.random.default_rng(1))
+    res = simulate_training_trajectory(
+        BETAS, reward_scale=reward_scale, noise_scale=noise_scale, noise=noise
+    )
+    for k, beta in enumerate(BETAS):
+        for n in range(4):
+            kl, reward = reference_trajectory(
+                beta, noise.kl[n], noise.reward[n], reward_scale, noise_scale
+            )
+            # KL uses only +, -, *, max in the same order: identical to the last bit.
+            np.testing.assert_array_equal(res.kl[k, n], kl)
+            np.testing.assert_allclose(res.reward[k, n], reward, rtol=1e-13, atol=1e-14)
+
+
+def test_trajectory_floor_is_hit_with_large_noise():
+    res = simulate_training_trajectory([5.0], n_steps=50, n_seeds=50, noise_scale=1.0,
+                                       rng=np.random.default_rng(2))
+    assert np.any(res.kl == 0.0) and np.all(res.kl >= 0.0)
+
+
+def test_trajectory_approaches_equilibrium_within_noise():
+    res = simulate_training_trajectory(BETAS, n_steps=300, n_seeds=2000, rng=np.random.default_rng(3))
+    final = res.kl[:, :, -1]
+    # Stationary AR(1) spread: sigma / sqrt(1 - (1 - 0.08)^2) ~= 0.205 nats; the mean over
+    # 2000 seeds has a standard error of ~0.005, so 0.03 nats is > 5 standard errors.
+    np.testing.assert_allclose(final.mean(axis=1), res.equilibrium_kl, atol=0.03)
+    np.testing.assert_allclose(final.std(axis=1), 0.08 / math.sqrt(1 - 0.92**2), rtol=0.06)
+    # The reward follows the noise-free curve at the final KL up to its measurement noise.
+    resid = res.reward[:, :, -1] - learned_reward(final)
+    assert abs(resid.mean()) < 0.01 and abs(resid.std() - 0.08) < 0.005
+
+
+def test_trajectory_without_noise_is_the_closed_form():
+    # With sigma = 0: KL_t = KL* (1 - 0.92^t), exactly the geometric relaxation.
+    res = simulate_training_trajectory(BETAS, n_steps=40, n_seeds=1, noise_scale=0.0,
+                                       rng=np.random.default_rng(0))
+    t = np.arange(41)
+    expected = np.asarray(equilibrium_kl(np.array(BETAS)))[:, None] * (1 - 0.92**t)
+    np.testing.assert_allclose(res.kl[:, 0], expected, rtol=1e-12)
+    np.testing.assert_allclose(res.reward[:, 0, 1:], learned_reward(expected[:, 1:]), rtol=1e-12)
+
+
+def test_same_seed_same_noise_for_every_beta():
+    a = simulate_training_trajectory([0.1, 0.3], n_steps=20, n_seeds=5, rng=np.random.default_rng(4))
+    b = simulate_training_trajectory([0.3], n_steps=20, n_seeds=5, rng=np.random.default_rng(4))
+    np.testing.assert_array_equal(a.kl[1], b.kl[0])
+
+
+def test_closed_forms():
+    assert equilibrium_kl(0.0) == 18.0 and equilibrium_kl(0.25) == 6.0
+    assert learned_reward(0.0) == 0.0
+    # Above 10 nats the learned reward grows linearly with slope 0.08 (plus the saturating part).
+    assert learned_reward(30.0) - learned_reward(20.0) == pytest.approx(
+        0.8 + 2 * (math.exp(-4) - math.exp(-6))
+    )
+    assert controlled_reward(5.0) == pytest.approx(1.5 * (1 - math.exp(-1)))
+
+
+# ------------------------------------------------------------------------------------------
+# Model 2
+# ------------------------------------------------------------------------------------------
+
+CONTROLLERS = [
+    FixedKLController(0.1),
+    ExponentialKLController(init_kl_coef=0.1, target_kl=6.0, gain=0.12, min_coef=0.02, max_coef=0.5),
+    AdaptiveKLController(init_kl_coef=0.1, target=6.0, horizon=1000.0),
+    DoublingKLController(init_kl_coef=0.1, target_kl=6.0),
+]
+
+
+@pytest.mark.parametrize("template", CONTROLLERS, ids=lambda c: type(c).__name__)
+def test_controlled_reproduces_scalar_recursion(template):
+    noise = draw_training_noise(n_seeds=3, n_steps=120, rng=np.random.default_rng(5))
+    res = simulate_training_with_controller(template, noise=noise, samples_per_update=8)
+    assert res.kl.shape == res.beta.shape == res.reward.shape == (1, 3, 121)
+    for n in range(3):
+        fresh = type(template)(**{k: getattr(template, k) for k in template.__dataclass_fields__
+                                  if not k.startswith("_")})
+        kl, beta, reward, pen = reference_controlled(fresh, noise.kl[n], noise.reward[n], n_steps=8)
+        np.testing.assert_array_equal(res.kl[0, n], kl)
+        np.testing.assert_array_equal(res.beta[0, n], beta)
+        np.testing.assert_allclose(res.reward[0, n], reward, rtol=1e-13, atol=1e-14)
+        np.testing.assert_allclose(res.penalized_reward[0, n], pen, rtol=1e-12, atol=1e-13)
+    # The template controller itself was not touched.
+    assert len(template.history.kl) == 0
+
+
+def test_handbook_exponential_rule_written_out():
+    """The handbook's inline rule (β *= exp(0.12 (KL − 6)/6), clipped to [0.02, 0.5])."""
+    noise = draw_training_noise(n_seeds=1, n_steps=200, rng=np.random.default_rng(6))
+    res = simulate_training_with_controller(ExponentialKLController(), noise=noise)
+    beta, kl = 0.1, 0.5
+    for step in range(200):
+        assert res.beta[0, 0, step] == pytest.approx(beta, rel=1e-12)
+        kl = max(0.1, kl + 0.14 - 0.08 * beta * kl + 0.08 * noise.kl[0, step])
+        beta = float(np.clip(beta * np.exp(0.12 * (kl - 6.0) / 6.0), 0.02, 0.5))
+
+
+def test_fixed_controller_keeps_beta_and_settles_at_closed_form():
+    res = simulate_training_with_controller(
+        FixedKLController(0.1), init_betas=[0.1, 0.5, 1.0], n_steps=1500, n_seeds=400,
+        rng=np.random.default_rng(7),
+    )
+    np.testing.assert_array_equal(res.beta, np.broadcast_to([[[0.1]], [[0.5]], [[1.0]]], res.beta.shape))
+    # KL* = 0.14 / (0.08 β) = 1.75 / β; stationary spread sigma / sqrt(1 - (1 - 0.08 β)^2).
+    late = res.kl[:, :, -1]
+    np.testing.assert_allclose(late.mean(axis=1), [17.5, 3.5, 1.75], rtol=0.01)
+    assert res.target_kl is None
+
+
+def test_exponential_controller_holds_kl_near_target():
+    res = simulate_training_with_controller(ExponentialKLController(), n_steps=600, n_seeds=300,
+                                            rng=np.random.default_rng(8))
+    late_kl = res.kl[0, :, -200:].mean(axis=1)
+    assert abs(np.median(late_kl) - 6.0) < 0.2
+    # β settles where the push balances the pull at the target: 0.14 = 0.08 β 6.
+    assert abs(np.median(res.beta[0, :, -200:]) - 0.14 / (0.08 * 6.0)) < 0.02
+    assert np.all((res.beta >= 0.02) & (res.beta <= 0.5))
+    assert res.target_kl == 6.0 and res.controller == "ExponentialKLController"
+
+
+def test_penalized_reward_uses_initial_beta():
+    res = simulate_training_with_controller(ExponentialKLController(), init_betas=[0.05, 0.2],
+                                            n_steps=50, n_seeds=10, rng=np.random.default_rng(9))
+    for k, b0 in enumerate([0.05, 0.2]):
+        np.testing.assert_allclose(res.penalized_reward[k], res.reward[k] - b0 * res.kl[k])
+    assert np.all(res.kl >= 0.1) and np.all(res.kl[..., 0] == 0.5)
+
+
+def test_same_seed_same_disturbances_across_controllers():
+    a = simulate_training_with_controller(FixedKLController(0.1), n_steps=50, n_seeds=20,
+                                          rng=np.random.default_rng(10))
+    b = simulate_training_with_controller(ExponentialKLController(), n_steps=50, n_seeds=20,
+                                          rng=np.random.default_rng(10))
+    # Step 1 uses β0 = 0.1 in both, so the first KL (and reward) must coincide exactly.
+    np.testing.assert_array_equal(a.kl[..., :2], b.kl[..., :2])
+    np.testing.assert_array_equal(a.reward[..., :2], b.reward[..., :2])
+    assert not np.array_equal(a.kl, b.kl)
+
+
+def test_vectorised_over_initial_betas_matches_separate_runs():
+    noise = draw_training_noise(6, 80, np.random.default_rng(11))
+    both = simulate_training_with_controller(ExponentialKLController(), init_betas=[0.05, 0.3],
+                                             noise=noise)
+    one = simulate_training_with_controller(ExponentialKLController(init_kl_coef=0.3), noise=noise)
+    np.testing.assert_array_equal(both.kl[1], one.kl[0])
+    np.testing.assert_array_equal(both.beta[1], one.beta[0])
+
+
+# ------------------------------------------------------------------------------------------
+# Per-token patterns
+# ------------------------------------------------------------------------------------------
+
+
+def test_token_patterns_shapes_and_shapes_of_curves():
+    pats = illustrative_token_kl_patterns(seq_len=60, rng=np.random.default_rng(12), noise=0.0)
+    assert list(pats) == ["reformulated opening", "novel conclusion", "specific word choices"]
+    assert all(p.shape == (60,) and np.all(p > 0) for p in pats.values())
+    opening, conclusion, spiky = pats.values()
+    assert np.all(np.diff(opening) < 0) and np.all(np.diff(conclusion) > 0)
+    assert np.sum(spiky > 1.0) == 5 and np.all(spiky[spiky < 1.0] == 0.2)
+    assert spiky.max() <= 3.0
+
+
+def test_token_patterns_are_seeded():
+    a = illustrative_token_kl_patterns(rng=np.random.default_rng(13))
+    b = illustrative_token_kl_patterns(rng=np.random.default_rng(13))
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key])
+        assert np.all(a[key] > 0)
+
+
+# ------------------------------------------------------------------------------------------
+# Validation
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, name",
+    [
+        ({"betas": [-0.1]}, ValueError, "betas"),
+        ({"betas": []}, ValueError, "betas"),
+        ({"betas": ["a"]}, TypeError, "betas"),
+        ({"betas": [0.1], "n_steps": 0}, ValueError, "n_steps"),
+        ({"betas": [0.1], "n_seeds": 0}, ValueError, "n_seeds"),
+        ({"betas": [0.1], "n_steps": 2.5}, TypeError, "n_steps"),
+        ({"betas": [0.1], "noise_scale": -1.0}, ValueError, "noise_scale"),
+        ({"betas": [0.1], "reward_scale": float("nan")}, ValueError, "reward_scale"),
+    ],
+)
+def test_trajectory_validation(kwargs, exc, name):
+    kwargs.setdefault("rng", np.random.default_rng(0))
+    with pytest.raises(exc, match=name):
+        simulate_training_trajectory(**kwargs)
+
+
+def test_rng_validation():
+    with pytest.raises(TypeError, match="rng"):
+        simulate_training_trajectory([0.1], rng=0)
+    with pytest.raises(TypeError, match="rng"):
+        simulate_training_trajectory([0.1])
+    with pytest.raises(TypeError, match="rng"):
+        illustrative_token_kl_patterns(rng=None)
+    noise = draw_training_noise(2, 5, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="rng"):
+        simulate_training_trajectory([0.1], rng=np.random.default_rng(0), noise=noise)
+    with pytest.raises(ValueError, match="n_steps"):
+        simulate_training_trajectory([0.1], n_steps=6, noise=noise)
+
+
+def test_controller_validation():
+    rng = np.random.default_rng(0)
+    with pytest.raises(TypeError, match="controller"):
+        simulate_training_with_controller("adaptive", rng=rng)
+    with pytest.raises(ValueError, match="init_betas"):
+        simulate_training_with_controller(FixedKLController(0.1), init_betas=[-1.0], rng=rng)
+    with pytest.raises(ValueError, match="target_kl"):
+        simulate_training_with_controller(ExponentialKLController(), target_kl=3.0, rng=rng)
+    with pytest.raises(ValueError, match="kl_noise"):
+        simulate_training_with_controller(FixedKLController(0.1), kl_noise=-0.1, rng=rng)
+    with pytest.raises(ValueError, match="samples_per_update"):
+        simulate_training_with_controller(FixedKLController(0.1), samples_per_update=0, rng=rng)
+    with pytest.raises(ValueError, match="noise"):
+        TrainingNoise(kl=np.zeros((2, 3)), reward=np.zeros((2, 4)))
+    res = simulate_training_with_controller(FixedKLController(0.1), target_kl=6.0, n_steps=3,
+                                            n_seeds=2, rng=rng)
+    assert res.target_kl == 6.0
