@@ -1,0 +1,125 @@
+# kltutorial: build, run and test the book.
+#
+#   make book       execute the notebooks (cached) and write the HTML book to _build/html
+#   make test       lint, unit tests, nbval over every notebook, strict book build, browser check
+#   make notebooks  re-execute every notebook in place (refreshes the committed outputs)
+#   make lab        JupyterLab on book/ with the project's virtual environment
+#
+# Only Python 3.11 and make are needed: the first target that needs the environment
+# creates .venv and installs requirements.txt and the package into it.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+# The interpreter that creates .venv (override with `make PYTHON=/path/to/python3.11`).
+# Resolved here, before PATH gains .venv/bin below.
+ifndef PYTHON
+PYTHON := $(shell command -v python3.11 2>/dev/null || command -v python3 2>/dev/null)
+endif
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+BUILD := _build
+HTML := $(BUILD)/html
+VERIFY_CONFIG := $(BUILD)/_config.verify.yml
+NOTEBOOKS = $(sort $(wildcard book/*.ipynb))
+
+# The venv's tools come first; quiet two start-up notices that are not ours to fix.
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+export VIRTUAL_ENV := $(CURDIR)/$(VENV)
+export JUPYTER_PLATFORM_DIRS := 1
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+export KLTUTORIAL_HTML_DIR := $(CURDIR)/$(HTML)
+
+.PHONY: help venv book test lint unit-tests nbval book-verified html-check notebooks lab clean
+
+help:
+	@sed -n '3,6s/^# //p' Makefile
+
+# ---------------------------------------------------------------------------
+# Environment: rebuilt only when requirements.txt or pyproject.toml change.
+venv: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	@test -n "$(PYTHON)" || { echo "error: python3.11 (or python3) not found" >&2; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	$(BIN)/python -m ipykernel install --sys-prefix --name kltutorial \
+		--display-name "Python 3 (kltutorial)" >/dev/null
+	touch $@
+
+# ---------------------------------------------------------------------------
+# The book. Execution goes through the jupyter-cache in _build/.jupyter_cache,
+# so a rebuild with unchanged code cells executes nothing.
+book: $(STAMP)
+	$(BIN)/jupyter-book build . --path-output .
+	@echo "Book written to $(HTML)/index.html"
+
+# ---------------------------------------------------------------------------
+# Tests. Each step is its own pytest run: the unit tests never execute notebooks,
+# nbval never collects tests/*.py, and the browser check runs after the build.
+test: $(STAMP)
+	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory unit-tests
+	$(MAKE) --no-print-directory nbval
+	$(MAKE) --no-print-directory book-verified
+	$(MAKE) --no-print-directory html-check
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+unit-tests: $(STAMP)
+	$(call pytest_strict,tests -m "not book")
+
+# Strict nbval: every output is compared with the stored one; the sanitize file
+# only masks values that genuinely vary between runs (memory addresses).
+nbval: $(STAMP)
+	@test -n "$(NOTEBOOKS)" || { echo "error: no notebooks in book/" >&2; exit 1; }
+	$(call pytest_strict,--nbval --nbval-current-env --nbval-cell-timeout=180 \
+		--nbval-sanitize-with tests/nbval_sanitize.cfg $(NOTEBOOKS))
+
+# Render exactly the outputs nbval has just verified: same config, execution off.
+# --all rebuilds every page so that no warning is hidden by an incremental build,
+# and removing the old HTML first leaves no stale page behind for html-check.
+book-verified: $(STAMP)
+	$(BIN)/python tools/book_config.py --execute off _config.yml $(VERIFY_CONFIG)
+	rm -rf $(HTML)
+	$(BIN)/jupyter-book build . --path-output . --config $(VERIFY_CONFIG) \
+		--all -W -n --keep-going
+
+# Open every built page in headless Chromium, offline: no JavaScript errors,
+# no network requests, and MathJax has typeset every formula.
+html-check: $(STAMP)
+	$(call pytest_strict,tests -m book)
+
+# pytest exits with 5 when it collected nothing: that is a failure here, said plainly.
+define pytest_strict
+	$(BIN)/python -m pytest $(1) || { rc=$$?; \
+		if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; fi; \
+		exit $$rc; }
+endef
+
+# ---------------------------------------------------------------------------
+# Re-execute every notebook in place, top to bottom in a fresh kernel, with book/
+# as the working directory (as nbval and the book build do).
+notebooks: $(STAMP)
+	@test -n "$(NOTEBOOKS)" || { echo "error: no notebooks in book/" >&2; exit 1; }
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+		--ExecutePreprocessor.kernel_name=python3 \
+		--ExecutePreprocessor.timeout=180 \
+		--ExecutePreprocessor.record_timing=False \
+		$(NOTEBOOKS)
+
+# JupyterLab from the venv: its "python3" kernel is the venv's Python, and the
+# named kernel "kltutorial" points at the same interpreter.
+# Extra options via LAB_ARGS, e.g. `make lab LAB_ARGS="--no-browser --port 8890"`.
+LAB_ARGS ?=
+LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
+lab: $(STAMP)
+	$(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR)/book $(LAB_ROOT) $(LAB_ARGS)
+
+clean:
+	rm -rf $(BUILD) .pytest_cache .hypothesis .ruff_cache

@@ -1,0 +1,17 @@
+"""Repository-wide pytest configuration.
+
+Registers the ``book`` marker. Tests marked ``book`` check the built HTML book, so
+``make test`` runs them in a separate pytest invocation after ``jupyter-book build``
+(``pytest tests -m book``), while the unit-test run deselects them (``-m "not book"``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "book: checks the built HTML book in _build/html; run after `jupyter-book build`",
+    )

@@ -1,0 +1,203 @@
+"""Checks on the committed notebooks in book/ that nbval itself does not make.
+
+nbval re-executes each notebook and compares outputs, but it silently skips a code
+cell that was never executed and happily compares a stored traceback or warning
+with a new one. These tests read the stored notebooks (no kernel is started) and
+fail when one of them is not in a publishable state:
+
+* every non-empty code cell has been executed, top to bottom in one fresh kernel
+  (execution counts 1, 2, 3, ...), as ``make notebooks`` leaves them;
+* no stored output is an error or anything written to stderr (warnings included);
+* the kernel is ``python3``, so nbval, nbconvert and the book build all find it;
+* no tag switches a check off (``nbval-skip``, ``raises-exception``, ...);
+* the page has a title, the setup cell is hidden, every ``{glue}`` reference in
+  the prose names a value the notebook glues;
+* the table of contents and book/ agree.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+TOC = ROOT / "_toc.yml"
+NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
+
+# Tags that would let a cell bypass execution or output checks.
+FORBIDDEN_TAGS = {"nbval-skip", "skip-execution", "raises-exception", "nbval-raises-exception"}
+
+# {glue}`key`, {glue:text}`key:.3f`, {glue:md}`key` ... in markdown cells.
+GLUE_ROLE = re.compile(r"\{glue(?::[a-z]*)?\}`([^`]+)`")
+# ```{glue:figure} key  /  :::{glue} key
+GLUE_DIRECTIVE = re.compile(r"^(?:`{3,}|:{3,})\{glue(?::[a-z]*)?\}\s+(\S+)", re.MULTILINE)
+
+
+def _read(path: Path) -> nbformat.NotebookNode:
+    return nbformat.read(path, as_version=4)
+
+
+def _code_cells(nb: nbformat.NotebookNode) -> list[tuple[int, nbformat.NotebookNode]]:
+    return [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+
+
+def _toc_files(node: object) -> list[str]:
+    """Every document named in the toc (``root`` and each ``file``), without suffix."""
+    found: list[str] = []
+    if isinstance(node, dict):
+        for key in ("root", "file"):
+            if isinstance(node.get(key), str):
+                found.append(str(Path(node[key]).with_suffix("")))
+        for value in node.values():
+            found.extend(_toc_files(value))
+    elif isinstance(node, list):
+        for item in node:
+            found.extend(_toc_files(item))
+    return found
+
+
+def test_book_has_notebooks() -> None:
+    assert NOTEBOOKS, "book/ holds no notebooks: nbval would have nothing to check"
+
+
+def test_toc_and_book_agree() -> None:
+    toc = yaml.safe_load(TOC.read_text(encoding="utf8"))
+    listed = _toc_files(toc)
+    assert len(listed) == len(set(listed)), f"_toc.yml lists a document twice: {listed}"
+    missing = [
+        doc for doc in listed
+        if not any((ROOT / f"{doc}{suffix}").exists() for suffix in (".md", ".ipynb"))
+    ]
+    assert not missing, f"_toc.yml lists documents that do not exist: {missing}"
+    unlisted = [
+        nb.relative_to(ROOT).with_suffix("").as_posix()
+        for nb in NOTEBOOKS
+        if nb.relative_to(ROOT).with_suffix("").as_posix() not in listed
+    ]
+    assert not unlisted, (
+        f"notebooks in book/ that _toc.yml does not list (they would be tested but "
+        f"never shown): {unlisted}"
+    )
+
+
+@pytest.fixture(params=NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def notebook(request: pytest.FixtureRequest) -> tuple[str, nbformat.NotebookNode]:
+    path: Path = request.param
+    nb = _read(path)
+    nbformat.validate(nb)
+    return path.name, nb
+
+
+def test_kernel_is_python3(notebook: tuple[str, nbformat.NotebookNode]) -> None:
+    name, nb = notebook
+    spec = nb.metadata.get("kernelspec", {})
+    assert spec.get("name") == "python3", (
+        f"{name}: kernelspec name is {spec.get('name')!r}; use 'python3' so that nbval, "
+        "nbconvert and jupyter-book find the kernel on every machine"
+    )
+
+
+def test_every_code_cell_executed_in_order(notebook: tuple[str, nbformat.NotebookNode]) -> None:
+    name, nb = notebook
+    counts = []
+    for index, cell in _code_cells(nb):
+        if not cell.source.strip():
+            continue
+        assert cell.execution_count is not None, (
+            f"{name}: code cell {index} was never executed (nbval would skip it); "
+            "run `make notebooks`"
+        )
+        counts.append(cell.execution_count)
+    assert counts == list(range(1, len(counts) + 1)), (
+        f"{name}: execution counts {counts} are not 1..{len(counts)}: run the notebook top "
+        "to bottom in a fresh kernel (`make notebooks`)"
+    )
+
+
+def test_no_errors_or_stderr(notebook: tuple[str, nbformat.NotebookNode]) -> None:
+    name, nb = notebook
+    for index, cell in _code_cells(nb):
+        for output in cell.get("outputs", []):
+            assert output.output_type != "error", (
+                f"{name}: code cell {index} stores an error: "
+                f"{output.get('ename')}: {output.get('evalue')}"
+            )
+            if output.output_type == "stream":
+                assert output.name != "stderr", (
+                    f"{name}: code cell {index} wrote to stderr (a warning?): "
+                    f"{output.text[:300]!r}"
+                )
+
+
+def test_no_check_disabling_tags(notebook: tuple[str, nbformat.NotebookNode]) -> None:
+    name, nb = notebook
+    for index, cell in enumerate(nb.cells):
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        bad = tags & FORBIDDEN_TAGS
+        assert not bad, f"{name}: cell {index} has tags {sorted(bad)} that bypass the checks"
+
+
+def test_has_title_and_hidden_setup(notebook: tuple[str, nbformat.NotebookNode]) -> None:
+    name, nb = notebook
+    first = nb.cells[0] if nb.cells else None
+    assert first is not None and first.cell_type == "markdown", (
+        f"{name}: the first cell must be markdown holding the page title"
+    )
+    assert first.source.lstrip().startswith("# "), (
+        f"{name}: the first cell must start with a level-1 heading (the page title)"
+    )
+    code = _code_cells(nb)
+    assert code, f"{name}: no code cells"
+    tags = code[0][1].get("metadata", {}).get("tags", [])
+    assert "remove-cell" in tags, (
+        f"{name}: the first code cell (imports, seeds, style) must be tagged remove-cell"
+    )
+
+
+def test_glue_references_resolve(notebook: tuple[str, nbformat.NotebookNode]) -> None:
+    name, nb = notebook
+    glued = {
+        output.get("metadata", {}).get("scrapbook", {}).get("name")
+        for _, cell in _code_cells(nb)
+        for output in cell.get("outputs", [])
+        if output.output_type in ("display_data", "execute_result")
+    }
+    glued.discard(None)
+    referenced = set()
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        for key in GLUE_ROLE.findall(cell.source) + GLUE_DIRECTIVE.findall(cell.source):
+            if "::" in key:  # a value glued in another document
+                continue
+            referenced.add(key.split(":")[0])
+    missing = sorted(referenced - glued)
+    assert not missing, f"{name}: markdown refers to glue keys never glued: {missing}"
+
+
+# numpy >= 2 and torch scalars repr as "np.float64(0.5)" / "tensor(0.5)": myst-nb cannot
+# format those ({glue:text}`key:.3f` fails) and would print them verbatim in the prose.
+WRAPPED_SCALAR = re.compile(r"^(?:np\.[a-z_]+\d*|tensor)\(")
+
+
+def test_glued_values_are_plain(notebook: tuple[str, nbformat.NotebookNode]) -> None:
+    name, nb = notebook
+    bad = []
+    for _, cell in _code_cells(nb):
+        for output in cell.get("outputs", []):
+            scrapbook = output.get("metadata", {}).get("scrapbook")
+            if not scrapbook:
+                continue
+            text = output.get("data", {}).get(
+                scrapbook.get("mime_prefix", "") + "text/plain", ""
+            )
+            if WRAPPED_SCALAR.match(str(text)):
+                bad.append(f"{scrapbook.get('name')}={text}")
+    assert not bad, (
+        f"{name}: glue plain Python numbers (float(x), int(x), x.item()), not {bad}"
+    )
