@@ -72,7 +72,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 unit-tests: $(STAMP)
-	$(call pytest_strict,tests -m "not book")
+	$(call pytest_strict,tests kltutorial --doctest-modules -m "not book")
 
 # Strict nbval: every output is compared with the stored one; the sanitize file
 # only masks values that genuinely vary between runs (memory addresses).
