@@ -1,0 +1,557 @@
+"""Time and memory of the log-prob kernels, and of the vectorised §10 simulation (book section 12).
+
+Run ``python -m kltutorial.bench`` (``--help`` for the options; ``--quick`` finishes in seconds).
+
+What is measured
+----------------
+Log-probs of chosen tokens, for logits of shape (B, T, V):
+
+========================  ==================================================================
+``amax``                  one plain read of the logits, ``logits.amax(-1)``: the speed limit
+``naive``                 ``log_softmax(logits).gather(...)`` (``naive_logprobs_for_tokens``)
+``trl_row_loop``          TRL's ``selective_log_softmax`` strategy (``trl_style_logprobs``)
+``ours``                  ``get_logprobs_for_tokens``: chunked, NaN check folded in
+``ours+scan``             ``ours`` after ``_validation.check_float_tensor`` scans the input
+========================  ==================================================================
+
+and the exact KL over the vocabulary, ``naive_kl`` (``naive_exact_kl``: ``F.kl_div`` of two full
+log-softmaxes) against ``ours_kl`` (``exact_kl``). With ``--backward`` also forward + backward of
+``naive`` and ``ours`` (``*_fb``).
+
+How
+---
+Every case (method, shape, dtype) runs in a fresh Python process, so that the memory it reports is its
+own. The child process
+
+1. allocates its inputs in place (``torch.empty`` then ``normal_`` one batch row at a time, so no
+   temporary larger than one row is ever made) and runs the method once on a tiny input to load kernels
+   and thread pools;
+2. resets the kernel's record of its peak resident set size (``VmHWM`` in ``/proc/self/status``) to
+   the current RSS, the inputs plus the interpreter, by writing ``5`` to ``/proc/self/clear_refs``;
+3. runs the method ``repeats`` times, timing each call with ``time.perf_counter``;
+4. reports the median time and *peak memory above the inputs*: ``VmHWM`` after minus before.
+
+Each child uses one torch thread unless ``--threads`` says otherwise. On the shared 2-core machine where
+this was written, two OpenMP threads were fine while the machine was quiet (``ours`` 0.032 s, ``naive``
+0.14 s, ``amax`` 0.011 s at 4 x 1024 x 32,000 float32), but whenever other jobs kept the cores busy, every
+parallel region waited for the second thread to be scheduled again (about 8 ms per region). A loop of
+many cache-sized operations, like the chunked kernels, then took 2 s instead of 0.06 s, while one large
+operation pays the wait once. ``OMP_WAIT_POLICY=PASSIVE`` or one thread removes the effect, so one thread
+is the default: it measures the work rather than the neighbours. Pass ``--threads 2`` on a quiet machine.
+
+``tracemalloc`` does not see PyTorch's allocations; RSS does. ``resource.getrusage(...).ru_maxrss`` is
+not used: Linux carries it over from the parent across fork and exec, so a child started from a large
+process (a Jupyter kernel) starts with the parent's peak and under-reports its own. Ratios (to ``naive``
+and to ``amax``) compare numbers measured in the same invocation, which is what matters on a shared
+machine.
+
+The simulation benchmark times :func:`kltutorial.simulate.simulate_training_trajectory` (vectorised over
+β and seeds) against :func:`scalar_training_trajectory`, the handbook's loop that runs one (β, seed) pair
+at a time in plain Python (the baseline), and checks that both compute the same trajectories.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kltutorial._validation import check_float_tensor
+from kltutorial.logprobs import (
+    CHUNK_BYTES,
+    exact_kl,
+    get_logprobs_for_tokens,
+    naive_exact_kl,
+    naive_logprobs_for_tokens,
+)
+
+__all__ = [
+    "LOGPROB_METHODS",
+    "KL_METHODS",
+    "BenchRow",
+    "trl_style_logprobs",
+    "measure",
+    "run_case",
+    "run_table",
+    "chunk_sweep",
+    "format_table",
+    "scalar_training_trajectory",
+    "simulation_benchmark",
+    "main",
+]
+
+FULL_SHAPES = [(4, 1024, 32_000), (2, 1024, 128_256)]
+QUICK_SHAPES = [(2, 128, 4_096)]
+DTYPES = ["float32", "bfloat16"]
+LOGPROB_METHODS = ["amax", "naive", "trl_row_loop", "ours", "ours+scan"]
+KL_METHODS = ["naive_kl", "ours_kl"]
+BACKWARD_METHODS = ["naive_fb", "ours_fb"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The baseline that TRL ships
+
+
+def trl_style_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Baseline: the strategy of TRL's ``selective_log_softmax``, one batch row at a time.
+
+    For float32/float64 it gathers the chosen logits and subtracts ``torch.logsumexp`` computed for
+    one sequence (a (T, V) slice) at a time; for half precision it runs ``log_softmax`` per sequence in
+    the input dtype. The per-row loop bounds the extra memory by one (T, V) slice, not by (B, T, V).
+
+    Parameters
+    ----------
+    logits : Tensor, shape (B, T, V)
+    tokens : Tensor, shape (B, T), integer
+
+    Returns
+    -------
+    Tensor, shape (B, T)
+    """
+    if logits.dtype in (torch.float32, torch.float64):
+        chosen = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, T)
+        lse = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])  # (B, T)
+        return chosen - lse
+    rows = []
+    for row_logits, row_tokens in zip(logits, tokens, strict=True):  # (T, V), (T,)
+        row_logp = F.log_softmax(row_logits, dim=-1)
+        rows.append(row_logp.gather(-1, row_tokens.unsqueeze(-1)).squeeze(-1))
+    return torch.stack(rows)
+
+
+def _fwd_bwd(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def run(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        x = logits.detach().requires_grad_()
+        fn(x, tokens).sum().backward()
+        return x.grad
+
+    return run
+
+
+def _method(name: str, chunk_size: int | None) -> Callable[[dict[str, torch.Tensor]], object]:
+    """The callable timed for ``name``; it takes the dict of inputs made by ``_make_inputs``."""
+    if name == "amax":
+        return lambda d: d["logits"].amax(-1)
+    if name == "naive":
+        return lambda d: naive_logprobs_for_tokens(d["logits"], d["tokens"])
+    if name == "trl_row_loop":
+        return lambda d: trl_style_logprobs(d["logits"], d["tokens"])
+    if name == "ours":
+        return lambda d: get_logprobs_for_tokens(d["logits"], d["tokens"], chunk_size=chunk_size)
+    if name == "ours+scan":
+
+        def scan_then_ours(d: dict[str, torch.Tensor]) -> torch.Tensor:
+            check_float_tensor(d["logits"], "logits", ndim=3, allow_inf=True)
+            return get_logprobs_for_tokens(d["logits"], d["tokens"], chunk_size=chunk_size)
+
+        return scan_then_ours
+    if name == "naive_kl":
+        return lambda d: naive_exact_kl(d["logits"], d["reference"])
+    if name == "ours_kl":
+        return lambda d: exact_kl(d["logits"], d["reference"], chunk_size=chunk_size)
+    if name == "naive_fb":
+        return lambda d: _fwd_bwd(naive_logprobs_for_tokens)(d["logits"], d["tokens"])
+    if name == "ours_fb":
+        fn = _fwd_bwd(lambda x, t: get_logprobs_for_tokens(x, t, chunk_size=chunk_size))
+        return lambda d: fn(d["logits"], d["tokens"])
+    raise ValueError(f"method must be one of {LOGPROB_METHODS + KL_METHODS + BACKWARD_METHODS}, got {name!r}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# One case, in the current process (the child)
+
+
+def _random_logits(shape: Sequence[int], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+    x = torch.empty(tuple(shape), dtype=dtype)
+    for row in x:  # in place, one (T, V) slice at a time: no full-size temporary
+        row.normal_(generator=generator).mul_(2.0)
+    return x
+
+
+def _make_inputs(
+    shape: Sequence[int], dtype: torch.dtype, with_reference: bool, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    B, T, V = shape
+    inputs = {
+        "logits": _random_logits(shape, dtype, g),
+        "tokens": torch.randint(0, V, (B, T), generator=g),
+    }
+    if with_reference:
+        inputs["reference"] = _random_logits(shape, dtype, g)
+    return inputs
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not found in /proc/self/status")
+
+
+def _rss_bytes() -> int:
+    """Current resident set size of this process."""
+    return _status_kib("VmRSS") * 1024
+
+
+def _peak_rss_bytes() -> int:
+    """Peak resident set size of this process image (Linux ``VmHWM``)."""
+    return _status_kib("VmHWM") * 1024
+
+
+def _reset_peak_rss() -> bool:
+    """Reset ``VmHWM`` to the current RSS (Linux >= 4.0); False where that is not allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure(
+    method: str,
+    shape: Sequence[int],
+    dtype: str,
+    repeats: int = 5,
+    chunk_size: int | None = None,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Time one method and measure its peak memory above the inputs, in *this* process.
+
+    Meant to run in a fresh process (see :func:`run_case`): the peak RSS is per process and never
+    goes down, so a second measurement in the same process would see the first one's peak.
+
+    Returns
+    -------
+    dict
+        ``times`` (seconds, one per repeat), ``peak_bytes`` (peak RSS above the inputs),
+        ``input_bytes`` (size of one logits tensor), ``baseline_gap_bytes`` (peak minus current RSS
+        before the timed calls; near 0 means the baseline is honest, i.e. the peak could be reset).
+    """
+    torch_dtype = getattr(torch, dtype)
+    fn = _method(method, chunk_size)
+    kl = method in KL_METHODS
+    # warm up kernels and thread pools on a tiny input (its memory is part of the baseline)
+    fn(_make_inputs((1, 4, shape[2] if shape[2] <= 4096 else 4096), torch_dtype, kl, seed))
+    inputs = _make_inputs(shape, torch_dtype, kl, seed)
+    _reset_peak_rss()
+    before = _peak_rss_bytes()
+    gap = before - _rss_bytes()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn(inputs)
+        times.append(time.perf_counter() - start)
+        del out
+    return {
+        "times": times,
+        "peak_bytes": _peak_rss_bytes() - before,
+        "input_bytes": inputs["logits"].numel() * inputs["logits"].element_size(),
+        "baseline_gap_bytes": gap,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------
+# Many cases, each in a child process
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One line of the table. Ratios are to ``naive``/``naive_kl`` and to ``amax`` of the same run."""
+
+    task: str
+    method: str
+    shape: tuple[int, int, int]
+    dtype: str
+    median_s: float
+    peak_mib: float
+    peak_frac: float  # peak memory above the inputs / bytes of one logits tensor
+    vs_naive: float = math.nan
+    vs_amax: float = math.nan
+
+
+def run_case(
+    method: str,
+    shape: Sequence[int],
+    dtype: str,
+    repeats: int = 5,
+    threads: int | None = 1,
+    chunk_size: int | None = None,
+    timeout: float = 900.0,
+) -> dict[str, float]:
+    """Run :func:`measure` in a fresh Python process and return its result.
+
+    ``threads`` sets ``torch.set_num_threads`` in the child (``None``: torch's default).
+    """
+    spec = {"method": method, "shape": list(shape), "dtype": dtype, "repeats": repeats,
+            "chunk_size": chunk_size, "threads": threads}
+    proc = subprocess.run(
+        [sys.executable, "-m", "kltutorial.bench", "--child", json.dumps(spec)],
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark child {spec} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _child(spec_json: str) -> None:
+    spec = json.loads(spec_json)
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    result = measure(spec["method"], spec["shape"], spec["dtype"], spec["repeats"], spec["chunk_size"])
+    print(json.dumps(result))
+
+
+def run_table(
+    shapes: Sequence[Sequence[int]] = tuple(FULL_SHAPES),
+    dtypes: Sequence[str] = tuple(DTYPES),
+    methods: Sequence[str] = tuple(LOGPROB_METHODS + KL_METHODS),
+    repeats: int = 5,
+    threads: int | None = 1,
+    chunk_size: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[BenchRow]:
+    """Measure every (shape, dtype, method), each in a fresh process; ratios within a (shape, dtype)."""
+    rows: list[BenchRow] = []
+    for shape in shapes:
+        for dtype in dtypes:
+            raw = {}
+            for method in methods:
+                if progress is not None:
+                    progress(f"{method} {tuple(shape)} {dtype}")
+                raw[method] = run_case(method, shape, dtype, repeats, threads, chunk_size)
+            med = {m: statistics.median(r["times"]) for m, r in raw.items()}
+            for method, r in raw.items():
+                task = "exact KL" if method in KL_METHODS else (
+                    "fwd+bwd" if method in BACKWARD_METHODS else "log-probs")
+                naive = {"exact KL": "naive_kl", "fwd+bwd": "naive_fb"}.get(task, "naive")
+                rows.append(BenchRow(
+                    task=task, method=method, shape=tuple(shape), dtype=dtype, median_s=med[method],
+                    peak_mib=r["peak_bytes"] / 2**20, peak_frac=r["peak_bytes"] / r["input_bytes"],
+                    vs_naive=med[method] / med[naive] if naive in med else math.nan,
+                    vs_amax=med[method] / med["amax"] if "amax" in med else math.nan,
+                ))
+    return rows
+
+
+def format_table(rows: Sequence[BenchRow]) -> str:
+    """The rows as a fixed-width text table."""
+    head = f"{'task':<10}{'method':<14}{'shape':<20}{'dtype':<10}{'median s':>10}{'peak MiB':>10}" \
+           f"{'peak/logits':>13}{'/naive':>8}{'/amax':>8}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        shape = "x".join(str(s) for s in r.shape)
+        lines.append(
+            f"{r.task:<10}{r.method:<14}{shape:<20}{r.dtype:<10}{r.median_s:>10.4f}{r.peak_mib:>10.1f}"
+            f"{100 * r.peak_frac:>12.1f}%{r.vs_naive:>8.2f}{r.vs_amax:>8.2f}"
+        )
+    return "\n".join(lines)
+
+
+def chunk_sweep(
+    vocab_sizes: Sequence[int] = (32_000, 128_256),
+    chunk_kib: Sequence[int] = (128, 256, 512, 1024, 2048, 4096, 8192, 16384),
+    n_positions: int = 4096,
+    dtype: str = "float32",
+    method: str = "ours",
+    repeats: int = 5,
+    threads: int | None = 1,
+) -> list[dict[str, float]]:
+    """Median and minimum time of ``method`` for chunks of about ``chunk_kib`` KiB (float32) each.
+
+    Each point runs in a fresh process on logits of shape (1, n_positions, V).
+    """
+    out = []
+    for vocab in vocab_sizes:
+        for kib in chunk_kib:
+            rows = max(1, kib * 1024 // (4 * vocab))
+            r = run_case(method, (1, n_positions, vocab), dtype, repeats, threads, chunk_size=rows)
+            out.append({"vocab": vocab, "chunk_kib": kib, "rows": rows,
+                        "median_s": statistics.median(r["times"]), "min_s": min(r["times"]),
+                        "peak_mib": r["peak_bytes"] / 2**20})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Simulation benchmark (book section 10's model, vectorised vs one run at a time)
+
+
+def scalar_training_trajectory(
+    beta: float,
+    n_steps: int = 100,
+    rng: np.random.Generator | None = None,
+    noise_scale: float = 0.08,
+    *,
+    kl_noise: np.ndarray | None = None,
+    reward_noise: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Baseline: one run of the §10 fixed-β model, one step at a time (the handbook's loop).
+
+    The handbook's ``simulate_training_trajectory``, step for step: NumPy scalar arithmetic, Python
+    lists, one β and one seed per call, two standard-normal draws per step; only the global
+    ``np.random`` is replaced by an explicit ``rng``. Pass ``kl_noise`` and ``reward_noise`` (shape
+    (n_steps,)) instead of ``rng`` to replay given disturbances, which is how the benchmark checks that
+    :func:`kltutorial.simulate.simulate_training_trajectory`, the vectorised version, computes the same
+    model. Kept here only as the benchmark's reference.
+
+    Returns
+    -------
+    kl, reward : ndarray, shape (n_steps + 1,)
+    """
+    if kl_noise is not None and reward_noise is not None:
+        n_steps = len(kl_noise)
+    elif rng is None:
+        raise TypeError("rng: pass a numpy.random.Generator, or kl_noise and reward_noise")
+    kl_values, reward_values = [0.0], [0.0]
+    equilibrium = 18.0 / (1.0 + 8.0 * beta)
+    for step in range(n_steps):
+        current = kl_values[-1]
+        eps = rng.standard_normal() if kl_noise is None else kl_noise[step]
+        new_kl = max(0.0, current + 0.08 * (equilibrium - current) + noise_scale * eps)
+        score = 2.0 * (1.0 - np.exp(-new_kl / 5.0)) + 0.08 * max(0.0, new_kl - 10.0)
+        eta = rng.standard_normal() if reward_noise is None else reward_noise[step]
+        kl_values.append(new_kl)
+        reward_values.append(score + noise_scale * eta)
+    return np.array(kl_values), np.array(reward_values)
+
+
+def simulation_benchmark(
+    betas: Sequence[float] = (0.0, 0.05, 0.1, 0.3, 1.0),
+    n_seeds: int = 1000,
+    n_steps: int = 200,
+    repeats: int = 3,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Time the vectorised simulation against the handbook's scalar loop over (β, seed).
+
+    Timed: ``simulate_training_trajectory(betas, n_steps, n_seeds, rng)`` against
+    ``scalar_training_trajectory(beta, n_steps, rng)`` called for every β and seed, each drawing its
+    disturbances as it goes. Checked: the scalar loop replaying the vectorised run's disturbances
+    reproduces its trajectories (a mismatch raises ``AssertionError``).
+
+    Returns
+    -------
+    dict
+        ``vectorised_s`` and ``loop_s`` (median seconds), ``speedup``, ``max_abs_diff``, and the sizes.
+    """
+    from kltutorial.simulate import draw_training_noise, simulate_training_trajectory
+
+    def vectorised() -> None:
+        simulate_training_trajectory(betas, n_steps=n_steps, n_seeds=n_seeds,
+                                     rng=np.random.default_rng(seed))
+
+    def loop() -> None:
+        rng = np.random.default_rng(seed)
+        for beta in betas:
+            for _ in range(n_seeds):
+                scalar_training_trajectory(beta, n_steps, rng)
+
+    def timed(fn: Callable[[], None]) -> float:
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    # same model: replay the vectorised run's disturbances through the scalar loop
+    res = simulate_training_trajectory(betas, n_steps=n_steps, n_seeds=n_seeds,
+                                       rng=np.random.default_rng(seed))
+    noise = draw_training_noise(n_seeds, n_steps, np.random.default_rng(seed))
+    diff = 0.0
+    for i, beta in enumerate(betas):
+        for s in range(n_seeds):
+            kl, reward = scalar_training_trajectory(
+                beta, kl_noise=noise.kl[s], reward_noise=noise.reward[s])
+            diff = max(diff, float(np.abs(kl - res.kl[i, s]).max()),
+                       float(np.abs(reward - res.reward[i, s]).max()))
+    assert diff < 1e-9, f"vectorised and scalar simulations disagree by {diff}"
+
+    vec_s, loop_s = timed(vectorised), timed(loop)
+    return {"n_betas": len(betas), "n_seeds": n_seeds, "n_steps": n_steps, "vectorised_s": vec_s,
+            "loop_s": loop_s, "speedup": loop_s / vec_s, "max_abs_diff": diff}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Command line
+
+
+def _parse_shape(text: str) -> tuple[int, int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"shape must look like 4x1024x32000 (B x T x V), got {text!r}")
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command-line entry point: ``python -m kltutorial.bench``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m kltutorial.bench",
+        description="Time and peak memory of the log-prob / exact-KL kernels (each case in a fresh "
+                    "process), and the vectorised section-10 simulation against a scalar loop.")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"small shapes {QUICK_SHAPES} and a small simulation (seconds)")
+    parser.add_argument("--shapes", type=_parse_shape, nargs="+", metavar="BxTxV",
+                        help="logit shapes (default: 4x1024x32000 2x1024x128256)")
+    parser.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16", "float16", "float64"],
+                        default=DTYPES)
+    parser.add_argument("--methods", nargs="+", choices=LOGPROB_METHODS + KL_METHODS + BACKWARD_METHODS,
+                        help="methods to run (default: all forward methods)")
+    parser.add_argument("--backward", action="store_true", help="also time forward + backward")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per case (median reported)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads in each child (default 1; see the module docstring)")
+    parser.add_argument("--chunk-size", type=int, default=None, help="rows per chunk for ours")
+    parser.add_argument("--sweep", action="store_true", help="sweep the chunk size instead")
+    parser.add_argument("--no-sim", action="store_true", help="skip the simulation benchmark")
+    parser.add_argument("--sim-only", action="store_true", help="only the simulation benchmark")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.child:
+        _child(args.child)
+        return
+
+    def say(msg: str) -> None:
+        print(f"  running {msg}", file=sys.stderr, flush=True)
+
+    print(f"torch {torch.__version__}, threads per child: {args.threads}, "
+          f"load average {os.getloadavg()[0]:.1f}, CHUNK_BYTES {CHUNK_BYTES}")
+    if args.sweep:
+        sizes = (4096,) if args.quick else (32_000, 128_256)
+        for r in chunk_sweep(sizes, repeats=args.repeats, threads=args.threads,
+                             n_positions=512 if args.quick else 2048,
+                             dtype=args.dtypes[0], method=(args.methods or ["ours"])[0]):
+            print(f"V={r['vocab']:>7}  chunk {r['chunk_kib']:>6} KiB = {r['rows']:>5} rows  "
+                  f"median {r['median_s']:.4f} s  min {r['min_s']:.4f} s  peak {r['peak_mib']:.1f} MiB")
+        return
+    if not args.sim_only:
+        methods = args.methods or (LOGPROB_METHODS + KL_METHODS)
+        if args.backward:
+            methods = list(methods) + [m for m in BACKWARD_METHODS if m not in methods]
+        shapes = args.shapes or (QUICK_SHAPES if args.quick else FULL_SHAPES)
+        rows = run_table(shapes, args.dtypes, methods, args.repeats, args.threads, args.chunk_size,
+                         progress=say)
+        print(format_table(rows))
+    if not args.no_sim:
+        sim = simulation_benchmark(n_seeds=100 if args.quick else 1000, repeats=1 if args.quick else 3)
+        print(f"\nsimulation: {sim['n_betas']} beta x {sim['n_seeds']} seeds x {sim['n_steps']} steps: "
+              f"vectorised {sim['vectorised_s']:.4f} s, scalar loop (baseline) {sim['loop_s']:.3f} s, "
+              f"speed-up {sim['speedup']:.0f}x, max |difference| {sim['max_abs_diff']:.1e}")
+
+
+if __name__ == "__main__":
+    main()

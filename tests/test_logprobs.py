@@ -1,0 +1,419 @@
+"""Tests of kltutorial.logprobs: the lean (chunked) log-probs and exact KL against independent references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from kltutorial.logprobs import (
+    chunk_rows,
+    exact_kl,
+    get_logprobs_for_tokens,
+    naive_exact_kl,
+    naive_logprobs_for_tokens,
+)
+
+NEG_INF = float("-inf")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Independent float64 references (NumPy, explicit max subtraction; no torch.log_softmax)
+
+
+def ref_log_softmax(z: np.ndarray) -> np.ndarray:
+    z = np.asarray(z, dtype=np.float64)
+    m = z.max(axis=-1, keepdims=True)
+    return z - (m + np.log(np.exp(z - m).sum(axis=-1, keepdims=True)))
+
+
+def ref_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> np.ndarray:
+    logp = ref_log_softmax(logits.double().numpy())
+    return np.take_along_axis(logp, tokens.numpy()[..., None], axis=-1)[..., 0]
+
+
+def ref_kl(policy: torch.Tensor, reference: torch.Tensor) -> np.ndarray:
+    """sum_v p_v (log p_v - log q_v) with 0 log 0 = 0 and p_v > 0 = q_v giving +inf."""
+    z, w = policy.double().numpy(), reference.double().numpy()
+    logp, logq = ref_log_softmax(z), ref_log_softmax(w)
+    possible = np.isfinite(z)
+    with np.errstate(invalid="ignore", over="ignore"):
+        terms = np.where(possible, np.exp(logp) * (logp - logq), 0.0)
+    out = terms.sum(axis=-1)
+    out[(possible & ~np.isfinite(w)).any(axis=-1)] = np.inf
+    return out
+
+
+def random_logits(shape, dtype=torch.float32, scale=3.0, seed=0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(shape, generator=g, dtype=torch.float64)).to(dtype)
+
+
+def random_tokens(shape, vocab, seed=0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed + 1000)
+    return torch.randint(0, vocab, shape, generator=g)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Agreement with the references over shapes, chunk sizes and dtypes
+
+SHAPES = [(1, 1, 1), (1, 1, 7), (2, 3, 5), (3, 17, 100), (2, 9, 4099)]
+CHUNKS = [None, 1, 4, 7]
+# (dtype, tolerance against the float64 reference of the *same* rounded inputs). Half-precision inputs
+# are exact in float32, so the lean path (float32 per chunk) meets float32 tolerances for them too.
+DTYPES = [
+    (torch.float64, 1e-12),
+    (torch.float32, 2e-5),
+    (torch.bfloat16, 2e-5),
+    (torch.float16, 2e-5),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("chunk_size", CHUNKS)
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+def test_logprobs_match_float64_reference(shape, chunk_size, dtype, tol):
+    logits = random_logits(shape, dtype, seed=sum(shape))
+    tokens = random_tokens(shape[:2], shape[2], seed=sum(shape))
+    out = get_logprobs_for_tokens(logits, tokens, chunk_size=chunk_size)
+    assert out.shape == shape[:2]
+    assert out.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    np.testing.assert_allclose(out.double().numpy(), ref_logprobs(logits, tokens), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("chunk_size", CHUNKS)
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+def test_exact_kl_matches_float64_reference(shape, chunk_size, dtype, tol):
+    z = random_logits(shape, dtype, seed=sum(shape))
+    w = random_logits(shape, dtype, seed=sum(shape) + 1)
+    out = exact_kl(z, w, chunk_size=chunk_size)
+    assert out.shape == shape[:2]
+    assert out.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    np.testing.assert_allclose(out.double().numpy(), ref_kl(z, w), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype,rtol,atol", [(torch.float64, 1e-12, 1e-12), (torch.float32, 1e-5, 1e-5),
+                                             (torch.bfloat16, 2e-2, 0.1)])
+def test_lean_equals_naive(dtype, rtol, atol):
+    # the naive baselines compute in the input dtype, so bfloat16 gets a bfloat16-sized tolerance
+    z = random_logits((3, 11, 1000), dtype, seed=3)
+    w = random_logits((3, 11, 1000), dtype, seed=4)
+    tokens = random_tokens((3, 11), 1000)
+    np.testing.assert_allclose(
+        get_logprobs_for_tokens(z, tokens, chunk_size=5).double().numpy(),
+        naive_logprobs_for_tokens(z, tokens).double().numpy(), rtol=rtol, atol=atol,
+    )
+    np.testing.assert_allclose(
+        exact_kl(z, w, chunk_size=5).double().numpy(),
+        naive_exact_kl(z, w).double().numpy(), rtol=rtol, atol=atol,
+    )
+
+
+def test_mixed_dtypes_are_computed_in_the_wider_one():
+    z = random_logits((2, 5, 30), torch.bfloat16)
+    w = random_logits((2, 5, 30), torch.float64, seed=1)
+    out = exact_kl(z, w, chunk_size=3)
+    assert out.dtype == torch.float64
+    np.testing.assert_allclose(out.numpy(), ref_kl(z, w), rtol=1e-12, atol=1e-12)
+    assert exact_kl(z, w.float()).dtype == torch.float32
+
+
+def test_non_contiguous_logits_are_handled_without_flattening():
+    # logits[:, :-1] (drop the last position, as RLHF code does) cannot be viewed as (B*T, V)
+    z = random_logits((3, 8, 50))[:, :-1]
+    w = random_logits((3, 8, 50), seed=1)[:, :-1]
+    tokens = random_tokens((3, 7), 50)
+    assert not z.is_contiguous()
+    np.testing.assert_allclose(get_logprobs_for_tokens(z, tokens, chunk_size=3).numpy(),
+                               ref_logprobs(z, tokens), atol=1e-5)
+    np.testing.assert_allclose(exact_kl(z, w, chunk_size=3).numpy(), ref_kl(z, w), atol=1e-5)
+
+
+def test_logprobs_are_normalised():
+    # summing exp(log-prob) over every token id gives 1 at each position
+    z = random_logits((2, 3, 6), torch.float64)
+    total = sum(get_logprobs_for_tokens(z, torch.full((2, 3), v)).exp() for v in range(6))
+    torch.testing.assert_close(total, torch.ones(2, 3, dtype=torch.float64))
+
+
+def test_chunk_rows():
+    assert chunk_rows(32_000) >= 1 and chunk_rows(10**9) == 1
+    assert chunk_rows(100, chunk_size=7) == 7
+    with pytest.raises(ValueError, match="chunk_size"):
+        chunk_rows(100, chunk_size=0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Gradients
+
+
+def test_gradcheck_logprobs_float64():
+    z = random_logits((2, 3, 6), torch.float64).requires_grad_()
+    tokens = random_tokens((2, 3), 6)
+    assert torch.autograd.gradcheck(lambda a: get_logprobs_for_tokens(a, tokens, chunk_size=4), (z,))
+
+
+def test_gradcheck_exact_kl_float64():
+    z = random_logits((2, 3, 6), torch.float64).requires_grad_()
+    w = random_logits((2, 3, 6), torch.float64, seed=1).requires_grad_()
+    mask = torch.tensor([[1, 1, 0], [1, 0, 1]])
+    assert torch.autograd.gradcheck(lambda a, b: exact_kl(a, b, mask, chunk_size=4), (z, w))
+    assert torch.autograd.gradcheck(lambda a, b: exact_kl(a, b, chunk_size=5), (z, w))
+
+
+def _grads(fn, *inputs, weight):
+    inputs = [x.detach().clone().requires_grad_() for x in inputs]
+    (fn(*inputs) * weight).sum().backward()
+    return [x.grad for x in inputs]
+
+
+def test_gradients_match_naive_autograd_float32():
+    z, w = random_logits((3, 9, 300)), random_logits((3, 9, 300), seed=1)
+    tokens = random_tokens((3, 9), 300)
+    weight = random_logits((3, 9), seed=2)
+    ours = _grads(lambda a: get_logprobs_for_tokens(a, tokens, chunk_size=4), z, weight=weight)
+    naive = _grads(lambda a: naive_logprobs_for_tokens(a, tokens), z, weight=weight)
+    torch.testing.assert_close(ours[0], naive[0], rtol=1e-5, atol=1e-6)
+    ours = _grads(lambda a, b: exact_kl(a, b, chunk_size=4), z, w, weight=weight)
+    naive = _grads(naive_exact_kl, z, w, weight=weight)
+    for a, b in zip(ours, naive, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_gradients_of_non_contiguous_logits():
+    base_z = random_logits((2, 6, 40), torch.float64).requires_grad_()
+    base_w = random_logits((2, 6, 40), torch.float64, seed=1).requires_grad_()
+    tokens = random_tokens((2, 5), 40)
+    weight = random_logits((2, 5), torch.float64, seed=2)
+    for fn, naive in [
+        (lambda z, w: get_logprobs_for_tokens(z, tokens, chunk_size=2),
+         lambda z, w: naive_logprobs_for_tokens(z, tokens) + 0 * w.sum()),
+        (lambda z, w: exact_kl(z, w, chunk_size=2), naive_exact_kl),
+    ]:
+        ours = torch.autograd.grad((fn(base_z[:, :-1], base_w[:, :-1]) * weight).sum(), (base_z, base_w),
+                                   allow_unused=True)
+        ref = torch.autograd.grad((naive(base_z[:, :-1], base_w[:, :-1]) * weight).sum(), (base_z, base_w))
+        for a, b in zip(ours, ref, strict=True):
+            torch.testing.assert_close(torch.zeros_like(b) if a is None else a, b)
+
+
+def test_bfloat16_gradients_have_input_dtype_and_match():
+    z = random_logits((2, 5, 64), torch.bfloat16)
+    tokens = random_tokens((2, 5), 64)
+    (g,) = _grads(lambda a: get_logprobs_for_tokens(a, tokens, chunk_size=3), z, weight=1.0)
+    (ref,) = _grads(lambda a: naive_logprobs_for_tokens(a, tokens), z.double(), weight=1.0)
+    assert g.dtype == torch.bfloat16
+    torch.testing.assert_close(g.double(), ref, rtol=2e-2, atol=4e-3)
+
+
+def test_only_reference_gradient_when_policy_is_frozen():
+    z = random_logits((2, 3, 7))
+    w = random_logits((2, 3, 7), seed=1).requires_grad_()
+    exact_kl(z, w).sum().backward()
+    p, q = torch.softmax(z, -1), torch.softmax(w.detach(), -1)
+    torch.testing.assert_close(w.grad, q - p)  # dKL/dw = q - p
+
+
+# ----------------------------------------------------------------------------------------------------
+# Impossible tokens (-inf logits), masking, extreme logits
+
+
+def test_token_impossible_under_both_contributes_zero():
+    z = torch.tensor([[[0.0, NEG_INF, 1.0, 2.0]]], requires_grad=True)
+    w = torch.tensor([[[0.5, NEG_INF, 1.0, 1.0]]], requires_grad=True)
+    kl = exact_kl(z, w)
+    np.testing.assert_allclose(kl.detach().numpy(), ref_kl(z.detach(), w.detach()), rtol=1e-6)
+    assert torch.isfinite(kl).all()
+    assert torch.isnan(naive_exact_kl(z.detach(), w.detach())).all()  # what the textbook recipe gives
+    kl.sum().backward()
+    assert torch.isfinite(z.grad).all() and torch.isfinite(w.grad).all()
+    assert z.grad[0, 0, 1] == 0 and w.grad[0, 0, 1] == 0
+
+
+def test_token_possible_under_policy_only_gives_infinite_kl():
+    z = torch.tensor([[[0.0, 1.0, 2.0], [0.0, 1.0, -50.0]]])
+    w = torch.tensor([[[0.0, NEG_INF, 2.0], [0.0, 1.0, NEG_INF]]])
+    assert torch.isposinf(exact_kl(z, w)).all()
+    # the other way round (pi puts no mass where pi_ref does) the KL is finite
+    kl = exact_kl(w, z)
+    assert torch.isfinite(kl).all()
+    np.testing.assert_allclose(kl.numpy(), ref_kl(w, z), rtol=1e-6)
+
+
+def test_infinite_kl_even_when_policy_probability_underflows():
+    # p = exp(-2e4) is 0.0 in float32 yet positive: pi still puts mass where pi_ref puts none
+    z = torch.tensor([[[1e4, -1e4]]])
+    w = torch.tensor([[[0.0, NEG_INF]]])
+    assert torch.isposinf(exact_kl(z, w)).all()
+
+
+def test_log_prob_of_impossible_token_is_minus_inf():
+    z = torch.tensor([[[0.0, NEG_INF, 0.0]]])
+    out = get_logprobs_for_tokens(z, torch.tensor([[1]]))
+    assert torch.isneginf(out).all()
+    torch.testing.assert_close(get_logprobs_for_tokens(z, torch.tensor([[2]])),
+                               torch.tensor([[-np.log(2.0)]], dtype=torch.float32))
+
+
+def test_masked_positions_are_exactly_zero_with_zero_gradient():
+    z = random_logits((2, 4, 9)).requires_grad_()
+    w = random_logits((2, 4, 9), seed=1)
+    w[0, 1, 3] = NEG_INF  # an infinite KL at a padded position must not leak NaN into the gradient
+    mask = torch.tensor([[1, 0, 1, 0], [0, 1, 1, 1]])
+    kl = exact_kl(z, w, mask, chunk_size=3)
+    assert (kl[mask == 0] == 0).all()
+    assert (kl[mask == 1] > 0).all()
+    kl.sum().backward()
+    assert (z.grad[mask == 0] == 0).all()
+    assert torch.isfinite(z.grad).all()
+    torch.testing.assert_close(kl, naive_exact_kl(z.detach(), w, mask))
+
+
+@pytest.mark.parametrize("scale", [1e4, -1e4])
+def test_extreme_finite_logits(scale):
+    g = torch.Generator().manual_seed(5)
+    z = scale * torch.randn(2, 3, 50, generator=g)
+    w = scale * torch.randn(2, 3, 50, generator=g)
+    tokens = random_tokens((2, 3), 50)
+    lp = get_logprobs_for_tokens(z, tokens)
+    kl = exact_kl(z, w)
+    assert torch.isfinite(kl).all()
+    assert torch.isfinite(lp).all() and (lp <= 0).all()
+    # float32 logits of size 1e4 carry a rounding error of about 1e-3 per entry
+    np.testing.assert_allclose(lp.numpy(), ref_logprobs(z, tokens), rtol=1e-6, atol=1e-2)
+    np.testing.assert_allclose(kl.numpy(), ref_kl(z, w), rtol=1e-6, atol=1e-2)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Properties (hypothesis)
+
+_logits = hnp.arrays(
+    np.float64,
+    st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(1, 12)),
+    elements=st.floats(-30, 30, allow_nan=False, allow_infinity=False),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(z=_logits, seed=st.integers(0, 2**16), chunk=st.integers(1, 6))
+def test_kl_is_nonnegative_and_zero_for_identical_logits(z, seed, chunk):
+    z = torch.from_numpy(z)
+    w = z + torch.randn(z.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    assert (exact_kl(z, w, chunk_size=chunk) >= 0).all()
+    assert (exact_kl(z, z, chunk_size=chunk) == 0).all()
+    assert (exact_kl(z.float(), z.float(), chunk_size=chunk) == 0).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(z=_logits, seed=st.integers(0, 2**16))
+def test_masked_positions_never_change_a_result(z, seed):
+    z = torch.from_numpy(z)
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(z.shape, generator=g, dtype=torch.float64)
+    mask = torch.randint(0, 2, z.shape[:2], generator=g)
+    w2 = torch.where(mask[..., None].bool(), w, 50 * torch.randn(z.shape, generator=g, dtype=torch.float64))
+    a, b = exact_kl(z, w, mask, chunk_size=2), exact_kl(z, w2, mask, chunk_size=2)
+    assert torch.equal(a, b)
+    assert (a[mask == 0] == 0).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(z=_logits, seed=st.integers(0, 2**16))
+def test_results_do_not_depend_on_batch_order(z, seed):
+    z = torch.from_numpy(z)
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(z.shape, generator=g, dtype=torch.float64)
+    tokens = torch.randint(0, z.shape[-1], z.shape[:2], generator=g)
+    perm = torch.randperm(z.shape[0], generator=g)
+    torch.testing.assert_close(exact_kl(z[perm], w[perm], chunk_size=3), exact_kl(z, w, chunk_size=3)[perm])
+    torch.testing.assert_close(get_logprobs_for_tokens(z[perm], tokens[perm], chunk_size=3),
+                               get_logprobs_for_tokens(z, tokens, chunk_size=3)[perm])
+
+
+# ----------------------------------------------------------------------------------------------------
+# Bad input: every case raises the right error and names the argument
+
+L = random_logits((2, 3, 5))
+TOK = random_tokens((2, 3), 5)
+MASK = torch.ones(2, 3, dtype=torch.long)
+MASK_PAD_01 = torch.tensor([[1, 0, 1], [1, 1, 1]])  # position (0, 1), where _with writes, is padding
+_lp, _kl = get_logprobs_for_tokens, exact_kl  # short names for the table
+
+
+def _with(value, index=(0, 1, 2)):
+    x = L.clone()
+    x[index] = value
+    return x
+
+
+BAD_INPUTS = [
+    # get_logprobs_for_tokens
+    ("lp-logits-not-tensor", lambda: _lp(L.numpy(), TOK), TypeError, "logits"),
+    ("lp-logits-int", lambda: _lp(L.long(), TOK), TypeError, "logits"),
+    ("lp-logits-rank-2", lambda: _lp(L[0], TOK[0]), ValueError, "logits"),
+    ("lp-logits-rank-4", lambda: _lp(L[None], TOK), ValueError, "logits"),
+    ("lp-empty-batch", lambda: _lp(L[:0], TOK[:0]), ValueError, "empty"),
+    ("lp-empty-vocab", lambda: _lp(L[..., :0], TOK), ValueError, "empty"),
+    ("lp-nan", lambda: _lp(_with(float("nan")), TOK), ValueError, "logits contains NaN"),
+    ("lp-posinf", lambda: _lp(_with(float("inf")), TOK), ValueError, r"logits contains \+inf"),
+    ("lp-all-neginf", lambda: _lp(_with(NEG_INF, (1, 2)), TOK), ValueError, r"b=1, t=2"),
+    ("lp-tokens-not-tensor", lambda: _lp(L, TOK.tolist()), TypeError, "tokens"),
+    ("lp-tokens-float", lambda: _lp(L, TOK.float()), TypeError, "tokens"),
+    ("lp-tokens-bool", lambda: _lp(L, TOK > 0), TypeError, "tokens"),
+    ("lp-tokens-shape", lambda: _lp(L, TOK[:, :2]), ValueError, "tokens"),
+    ("lp-tokens-too-high", lambda: _lp(L, TOK + 5), ValueError, "tokens"),
+    ("lp-tokens-negative", lambda: _lp(L, TOK - 5), ValueError, "tokens"),
+    ("lp-chunk-zero", lambda: _lp(L, TOK, chunk_size=0), ValueError, "chunk_size"),
+    ("lp-chunk-float", lambda: _lp(L, TOK, chunk_size=2.0), TypeError, "chunk_size"),
+    ("naive-lp-tokens", lambda: naive_logprobs_for_tokens(L, TOK + 5), ValueError, "tokens"),
+    # exact_kl
+    ("kl-policy-not-tensor", lambda: _kl(L.numpy(), L), TypeError, "policy_logits"),
+    ("kl-reference-int", lambda: _kl(L, L.long()), TypeError, "reference_logits"),
+    ("kl-rank", lambda: _kl(L[0], L[0]), ValueError, "policy_logits"),
+    ("kl-shape-mismatch", lambda: _kl(L, L[:, :, :4]), ValueError, "reference_logits"),
+    ("kl-shape-mismatch-T", lambda: _kl(L, L[:, :2]), ValueError, "reference_logits"),
+    ("kl-empty", lambda: _kl(L[:0], L[:0]), ValueError, "empty"),
+    ("kl-policy-nan", lambda: _kl(_with(float("nan")), L), ValueError, "policy_logits contains NaN"),
+    ("kl-reference-nan", lambda: _kl(L, _with(float("nan"))), ValueError, "reference_logits contains NaN"),
+    ("kl-nan-at-masked-position", lambda: _kl(L, _with(float("nan")), MASK_PAD_01), ValueError, "NaN"),
+    ("kl-reference-posinf", lambda: _kl(L, _with(float("inf"))), ValueError, r"reference_logits .* \+inf"),
+    ("kl-policy-all-neginf", lambda: _kl(_with(NEG_INF, (0, 0)), L), ValueError, "policy_logits is -inf"),
+    ("kl-mask-not-tensor", lambda: _kl(L, L, MASK.tolist()), TypeError, "attention_mask"),
+    ("kl-mask-shape", lambda: _kl(L, L, MASK[:, :2]), ValueError, "attention_mask"),
+    ("kl-mask-values", lambda: _kl(L, L, MASK * 2), ValueError, "attention_mask"),
+    ("kl-mask-fraction", lambda: _kl(L, L, MASK * 0.5), ValueError, "attention_mask"),
+    ("kl-chunk-negative", lambda: _kl(L, L, chunk_size=-1), ValueError, "chunk_size"),
+    ("naive-kl-shape", lambda: naive_exact_kl(L, L[:, :2]), ValueError, "reference_logits"),
+]
+
+
+@pytest.mark.parametrize("call,error,match", [case[1:] for case in BAD_INPUTS],
+                         ids=[case[0] for case in BAD_INPUTS])
+def test_bad_input_raises(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+# ----------------------------------------------------------------------------------------------------
+# The benchmark's baselines compute what they claim to
+
+
+def test_trl_style_baseline_matches_naive():
+    from kltutorial.bench import trl_style_logprobs
+
+    z = random_logits((3, 7, 64))
+    tokens = random_tokens((3, 7), 64)
+    torch.testing.assert_close(trl_style_logprobs(z, tokens), naive_logprobs_for_tokens(z, tokens))
+    zb = z.bfloat16()
+    torch.testing.assert_close(trl_style_logprobs(zb, tokens), naive_logprobs_for_tokens(zb, tokens))
+
+
+def test_scalar_simulation_baseline_matches_vectorised():
+    from kltutorial.bench import simulation_benchmark
+
+    result = simulation_benchmark(betas=(0.0, 0.5), n_seeds=4, n_steps=30, repeats=1)
+    assert result["max_abs_diff"] < 1e-9
