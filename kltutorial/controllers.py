@@ -62,12 +62,16 @@ def _check_kl(current_kl: object) -> float:
     return v
 
 
-def _check_bounds(min_coef: object, max_coef: object) -> tuple[float, float]:
+def _check_clamp(init_kl_coef: object, min_coef: object, max_coef: object) -> tuple[float, float, float]:
+    """Validate a clamped rule's initial coefficient and its clamp ``[min_coef, max_coef]``."""
+    init = check_positive(init_kl_coef, "init_kl_coef")
     lo = check_positive(min_coef, "min_coef")
     hi = check_positive(max_coef, "max_coef")
     if lo > hi:
         raise ValueError(f"min_coef must be <= max_coef, got {lo} > {hi}")
-    return lo, hi
+    if not lo <= init <= hi:
+        raise ValueError(f"init_kl_coef must lie in [min_coef, max_coef] = [{lo}, {hi}], got {init}")
+    return init, lo, hi
 
 
 @dataclass
@@ -215,19 +219,15 @@ class DoublingKLController(KLController):
     max_coef: float = 10.0
 
     def __post_init__(self) -> None:
-        self.init_kl_coef = check_positive(self.init_kl_coef, "init_kl_coef")
+        self.init_kl_coef, self.min_coef, self.max_coef = _check_clamp(
+            self.init_kl_coef, self.min_coef, self.max_coef
+        )
         self.target_kl = check_positive(self.target_kl, "target_kl")
         for name in ("factor", "band"):
             v = check_positive(getattr(self, name), name)
             if v <= 1:
                 raise ValueError(f"{name} must be > 1, got {v}")
             setattr(self, name, v)
-        self.min_coef, self.max_coef = _check_bounds(self.min_coef, self.max_coef)
-        if not self.min_coef <= self.init_kl_coef <= self.max_coef:
-            raise ValueError(
-                f"init_kl_coef must lie in [min_coef, max_coef] = [{self.min_coef}, {self.max_coef}], "
-                f"got {self.init_kl_coef}"
-            )
         self._start(self.init_kl_coef)
 
     def next_beta(self, beta: ArrayLike, kl: ArrayLike, n_steps: int = 1) -> ArrayLike:
@@ -270,15 +270,11 @@ class ExponentialKLController(KLController):
     max_coef: float = 0.5
 
     def __post_init__(self) -> None:
-        self.init_kl_coef = check_positive(self.init_kl_coef, "init_kl_coef")
+        self.init_kl_coef, self.min_coef, self.max_coef = _check_clamp(
+            self.init_kl_coef, self.min_coef, self.max_coef
+        )
         self.target_kl = check_positive(self.target_kl, "target_kl")
         self.gain = check_positive(self.gain, "gain")
-        self.min_coef, self.max_coef = _check_bounds(self.min_coef, self.max_coef)
-        if not self.min_coef <= self.init_kl_coef <= self.max_coef:
-            raise ValueError(
-                f"init_kl_coef must lie in [min_coef, max_coef] = [{self.min_coef}, {self.max_coef}], "
-                f"got {self.init_kl_coef}"
-            )
         self._start(self.init_kl_coef)
 
     def next_beta(self, beta: ArrayLike, kl: ArrayLike, n_steps: int = 1) -> ArrayLike:
