@@ -1,7 +1,8 @@
 # kltutorial: build, run and test the book.
 #
 #   make book       execute the notebooks (cached) and write the HTML book to _build/html
-#   make test       lint, unit tests, nbval over every notebook, strict book build, browser check
+#   make test       lint, unit tests, nbval over every notebook (native and second kernel set),
+#                   strict book build, browser check
 #   make notebooks  re-execute every notebook in place (refreshes the committed outputs)
 #   make lab        JupyterLab on book/ with the project's virtual environment
 #
@@ -33,10 +34,11 @@ export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export KLTUTORIAL_HTML_DIR := $(CURDIR)/$(HTML)
 
-.PHONY: help venv book test lint unit-tests nbval book-verified html-check notebooks lab clean
+.PHONY: help venv book test lint unit-tests nbval nbval-native nbval-second-kernels book-verified html-check \
+	notebooks lab clean
 
 help:
-	@sed -n '3,6s/^# //p' Makefile
+	@sed -n '3,7s/^# //p' Makefile
 
 # ---------------------------------------------------------------------------
 # Environment: rebuilt only when requirements.txt or pyproject.toml change.
@@ -72,14 +74,26 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 unit-tests: $(STAMP)
-	$(call pytest_strict,tests kltutorial --doctest-modules -m "not book")
+	$(call pytest_strict,tests kltutorial tools/nbval_numeric.py --doctest-modules -m "not book")
 
-# Strict nbval: every output is compared with the stored one; the sanitize file
-# only masks values that genuinely vary between runs (memory addresses).
-nbval: $(STAMP)
+# Strict nbval: every output of every code cell is compared with the stored one. Numbers
+# are compared as numbers, within one unit of their last printed digit (tools/nbval_numeric.py,
+# loaded by conftest.py); the sanitize file only masks values that genuinely vary between runs
+# (memory addresses). It runs twice: on this machine's native kernels, and on a second set
+# (tools/second_kernels.py: torch's scalar ATen kernels, NumPy's baseline SIMD, MKL/oneDNN/
+# OpenBLAS on SSE), so that an output only the producing CPU reproduces fails here, not in CI.
+NBVAL_ARGS = --nbval --nbval-current-env --nbval-cell-timeout=180 \
+	--nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider $(NOTEBOOKS)
+
+nbval: nbval-native nbval-second-kernels
+
+nbval-native: $(STAMP)
 	@test -n "$(NOTEBOOKS)" || { echo "error: no notebooks in book/" >&2; exit 1; }
-	$(call pytest_strict,--nbval --nbval-current-env --nbval-cell-timeout=180 \
-		--nbval-sanitize-with tests/nbval_sanitize.cfg $(NOTEBOOKS))
+	$(call pytest_strict,$(NBVAL_ARGS))
+
+nbval-second-kernels: $(STAMP)
+	@test -n "$(NOTEBOOKS)" || { echo "error: no notebooks in book/" >&2; exit 1; }
+	$(BIN)/python tools/second_kernels.py -- $(MAKE) --no-print-directory nbval-native
 
 # Render exactly the outputs nbval has just verified: same config, execution off.
 # --all rebuilds every page so that no warning is hidden by an incremental build,
