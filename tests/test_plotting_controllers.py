@@ -1,12 +1,11 @@
-"""Tests of kltutorial.plotting: what each figure draws, not how it looks."""
+"""Tests of kltutorial.plotting.controllers: what each controller figure draws, and the 2 x 2 layout
+that §10 and §11 share."""
 
 from __future__ import annotations
 
-import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
-from matplotlib.colors import to_rgb
 from matplotlib.patches import Rectangle
 
 from kltutorial import plotting
@@ -16,11 +15,8 @@ from kltutorial.controllers import (
     ExponentialKLController,
     FixedKLController,
 )
-from kltutorial.simulate import (
-    illustrative_token_kl_patterns,
-    simulate_training_trajectory,
-    simulate_training_with_controller,
-)
+from kltutorial.plotting import ControlTrace
+from kltutorial.simulate import simulate_training_with_controller
 
 
 @pytest.fixture(autouse=True)
@@ -31,35 +27,6 @@ def _close_figures():
 
 def _labelled(ax):
     return bool(ax.get_xlabel()) and bool(ax.get_ylabel())
-
-
-def _lightness(color):
-    r, g, b = to_rgb(color)
-    return 0.299 * r + 0.587 * g + 0.114 * b
-
-
-def test_use_style_sets_rcparams():
-    plotting.use_style()
-    rc = matplotlib.rcParams
-    assert rc["axes.spines.top"] is False and rc["axes.spines.right"] is False
-    assert rc["axes.grid"] is True and rc["figure.dpi"] == 110
-    cycle = rc["axes.prop_cycle"].by_key()
-    assert len(set(cycle["linestyle"])) > 1  # series differ in grayscale too
-
-
-def test_beta_colors_warm_to_cool_and_grayscale_ordered():
-    betas = [1.0, 0.01, 0.1, 0.05, 0.3]
-    colors = plotting.beta_colors(betas)
-    assert len(colors) == 5
-    order = np.argsort(betas)
-    light = [_lightness(colors[i]) for i in order]
-    assert all(a > b for a, b in zip(light, light[1:], strict=False))  # darker as β grows
-    lo, hi = to_rgb(colors[order[0]]), to_rgb(colors[order[-1]])
-    assert lo[0] > lo[2] and hi[2] > hi[0]  # small β warm (red > blue), large β cool
-    assert plotting.beta_colors([0.2, 0.2]) == plotting.beta_colors([0.2]) * 2
-    styles = plotting.beta_styles(betas)
-    assert len({s["linestyle"] if isinstance(s["linestyle"], str) else str(s["linestyle"])
-                for s in styles}) == 5
 
 
 def _history(controller, kls):
@@ -117,51 +84,6 @@ def test_controller_dynamics_draws_on_given_axes_and_validates():
         plotting.plot_controller_dynamics(3.0, target_kl=6.0)
 
 
-def test_reward_vs_kl():
-    res = simulate_training_trajectory([0.01, 0.1, 1.0], n_steps=40, n_seeds=50,
-                                       rng=np.random.default_rng(0))
-    ax = plotting.plot_reward_vs_kl(res, reward_curve=lambda kl: kl * 0.0)
-    assert _labelled(ax) and "nats" in ax.get_xlabel()
-    assert "invented" in ax.get_title()
-    beta_lines = [ln for ln in ax.lines if ln.get_label().startswith("β")]
-    assert [ln.get_label() for ln in beta_lines] == ["β = 0.01", "β = 0.1", "β = 1"]
-    # Each line is the per-step median trajectory.
-    np.testing.assert_allclose(beta_lines[1].get_xdata(), np.median(res.kl[1], axis=0))
-    np.testing.assert_allclose(beta_lines[1].get_ydata(), np.median(res.reward[1], axis=0))
-    # Unreliable region: hatched span starting at 10 nats, labelled as illustrative.
-    spans = [p for p in ax.patches if "unreliable" in p.get_label()]
-    assert len(spans) == 1 and "illustrative" in spans[0].get_label()
-    assert spans[0].get_x() == pytest.approx(10.0)
-    # Bands: one filled region per β.
-    assert len(ax.collections) >= 3
-    ax2 = plotting.plot_reward_vs_kl(res, unreliable_kl=None)
-    assert not [p for p in ax2.patches if "unreliable" in p.get_label()]
-
-
-def test_kl_over_steps():
-    res = simulate_training_trajectory([0.05, 0.3], n_steps=20, n_seeds=30,
-                                       rng=np.random.default_rng(1))
-    ax = plotting.plot_kl_over_steps(res, equilibrium_kl=res.equilibrium_kl)
-    assert _labelled(ax) and "step" in ax.get_xlabel() and "nats" in ax.get_ylabel()
-    medians = [ln for ln in ax.lines if ln.get_label().startswith("β")]
-    assert len(medians) == 2 and len(ax.lines) == 4  # two medians, two equilibrium lines
-    np.testing.assert_allclose(medians[0].get_ydata(), np.median(res.kl[0], axis=0))
-
-
-def test_token_kl_patterns():
-    pats = illustrative_token_kl_patterns(rng=np.random.default_rng(2))
-    axes = plotting.plot_token_kl_patterns(pats)
-    assert len(axes) == 3
-    assert [ax.get_title() for ax in axes] == list(pats)
-    for ax, values in zip(axes, pats.values(), strict=True):
-        assert len(ax.lines) == 1 and ax.get_xlabel() == "token position"
-        np.testing.assert_array_equal(ax.lines[0].get_ydata(), values)
-    assert "nats" in axes[0].get_ylabel()
-    assert "not measured" in axes[0].figure._suptitle.get_text()
-    with pytest.raises(TypeError, match="patterns"):
-        plotting.plot_token_kl_patterns({})
-
-
 def test_fixed_vs_adaptive():
     rng_seed = 3
     fixed = simulate_training_with_controller(FixedKLController(0.1), n_steps=30, n_seeds=40,
@@ -184,16 +106,6 @@ def test_fixed_vs_adaptive():
                                np.median(adaptive.penalized_reward[0], axis=0))
 
 
-def test_median_band_validates():
-    fig, ax = plt.subplots()
-    with pytest.raises(ValueError, match="band"):
-        plotting.plot_median_band(ax, np.arange(3), np.ones((2, 3)), band=(0.9, 0.1))
-    with pytest.raises(ValueError, match="samples"):
-        plotting.plot_median_band(ax, np.arange(3), np.ones((2, 4)))
-    plotting.plot_median_band(ax, np.arange(3), np.arange(6.0).reshape(2, 3), label="x")
-    np.testing.assert_allclose(ax.lines[0].get_ydata(), [1.5, 2.5, 3.5])
-
-
 def test_fixed_vs_adaptive_needs_shared_initial_beta():
     a = simulate_training_with_controller(FixedKLController(0.1), n_steps=5, n_seeds=3,
                                           rng=np.random.default_rng(0))
@@ -201,3 +113,69 @@ def test_fixed_vs_adaptive_needs_shared_initial_beta():
                                           rng=np.random.default_rng(0))
     with pytest.raises(ValueError, match="shared initial"):
         plotting.plot_fixed_vs_adaptive({"a": a, "b": b})
+
+
+def test_fixed_vs_adaptive_draws_the_results_own_penalised_reward():
+    # Rows 0 and 1 start from β₀ = 0.05 and 0.2: beta_index picks the row, and the panel shows that
+    # row's penalized_reward (priced at its own β₀), not something recomputed.
+    res = simulate_training_with_controller(ExponentialKLController(), init_betas=[0.05, 0.2], n_steps=20,
+                                            n_seeds=15, rng=np.random.default_rng(4))
+    axes = plotting.plot_fixed_vs_adaptive({"expo": res}, beta_index=1)
+    ax_pr = axes[1, 1]
+    assert "0.2" in ax_pr.get_title() and "0.2" in ax_pr.get_ylabel()
+    np.testing.assert_allclose(ax_pr.lines[0].get_ydata(), np.median(res.penalized_reward[1], axis=0))
+    # One figure legend below the panels, saying what the band is.
+    (legend,) = axes[0, 0].figure.legends
+    assert "median over seeds" in legend.get_title().get_text()
+
+
+# ------------------------------------------------------------------------------------------
+# The shared 2 x 2 layout
+# ------------------------------------------------------------------------------------------
+
+
+def test_control_panels_single_runs():
+    steps = 10
+    kl = np.linspace(0.0, 3.0, steps)
+    runs = {
+        "fixed": ControlTrace(kl=kl, beta=np.full(steps + 1, 0.1), reward=kl / 3,
+                              penalized_reward=kl / 3 - 0.1 * kl),
+        "adaptive": ControlTrace(kl=kl / 2, beta=np.geomspace(0.1, 0.4, steps + 1), reward=kl / 6,
+                                 penalized_reward=kl / 6 - 0.05 * kl),
+    }
+    axes = plotting.plot_control_panels(runs, target_kl=2.0, penalized_of="proxy",
+                                        reward_label="gold (reward units)", reward_title="gold")
+    ax_kl, ax_beta, ax_r, ax_pr = axes.ravel()
+    assert [ax.get_title() for ax in axes.ravel()] == [
+        "KL against its target", "KL coefficient β", "gold", "proxy penalised at the shared β₀ = 0.1"]
+    assert ax_beta.get_yscale() == "log" and ax_r.get_ylabel() == "gold (reward units)"
+    # β (n + 1 values) is a step function: β[t] in force over step t.
+    assert ax_beta.lines[1].get_drawstyle() == "steps-post"
+    np.testing.assert_array_equal(ax_beta.lines[1].get_ydata(), runs["adaptive"].beta)
+    np.testing.assert_array_equal(ax_pr.lines[0].get_ydata(), runs["fixed"].penalized_reward)
+    # Single runs: a legend on the KL panel (target + runs), no figure legend, no bands.
+    assert [t.get_text() for t in ax_kl.get_legend().get_texts()] == ["target = 2 nats", "fixed", "adaptive"]
+    assert not ax_kl.figure.legends and not ax_kl.collections
+
+
+def test_control_panels_validate():
+    ok = ControlTrace(kl=np.ones(3), beta=np.full(4, 0.1), reward=np.ones(3), penalized_reward=np.ones(3))
+    other = ControlTrace(kl=np.ones(3), beta=np.full(4, 0.2), reward=np.ones(3), penalized_reward=np.ones(3))
+    with pytest.raises(ValueError, match="shared initial"):
+        plotting.plot_control_panels({"a": ok, "b": other})
+    with pytest.raises(ValueError, match="penalized_reward"):
+        plotting.plot_control_panels({"a": ControlTrace(kl=np.ones(3), beta=np.ones(4))})
+    with pytest.raises(TypeError, match="traces"):
+        plotting.plot_control_panels({"a": (np.ones(3), np.ones(4))})
+    with pytest.raises(TypeError, match="traces"):
+        plotting.plot_control_panels({})
+    with pytest.raises(ValueError, match="band"):
+        plotting.plot_control_panels({"a": ok}, band=(0.5, 0.5))
+    with pytest.raises(ValueError, match="beta"):
+        ControlTrace(kl=np.ones(3), beta=np.ones(5))
+    with pytest.raises(ValueError, match="reward"):
+        ControlTrace(kl=np.ones(3), beta=np.ones(3), reward=np.ones(4))
+    with pytest.raises(ValueError, match="kl"):
+        ControlTrace(kl=np.ones((2, 2, 2)), beta=np.ones((2, 2, 2)))
+    fig, axes = plt.subplots(2, 2)
+    assert plotting.plot_control_panels({"a": ok}, axes=axes)[1, 0] is axes[1, 0]

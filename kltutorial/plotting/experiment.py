@@ -1,0 +1,325 @@
+"""Figures of book section 11, the small exact RLHF experiment (:mod:`kltutorial.toyrlhf`).
+
+* :func:`plot_toy_frontier`: the exact reward–KL frontier, proxy and gold, with trained policies and
+  best-of-n on it;
+* :func:`plot_bang_histogram`: where the probability mass goes, by the number of ``"!"`` per sequence;
+* :func:`plot_data_sweep`: the gold reward of the proxy's optimum for more and more preference data;
+* :func:`plot_toy_controllers`: fixed against adaptive β in real training (the layout of
+  :func:`~.controllers.plot_control_panels`, shared with section 10);
+* :func:`plot_toy_token_kl`: measured per-token KL of trained policies, beside section 10's patterns.
+
+They take plain arrays or objects with array attributes (``Frontier``, ``TrainResult``), never a task
+or a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from matplotlib.axes import Axes
+
+from .controllers import ControlTrace, plot_control_panels
+from .style import (
+    PALETTE,
+    REFERENCE_COLOR,
+    ZONE_COLOR,
+    beta_colors,
+    beta_styles,
+    new_axes,
+    new_axes_grid,
+    series_style,
+)
+
+__all__ = [
+    "plot_toy_frontier",
+    "plot_bang_histogram",
+    "plot_data_sweep",
+    "plot_toy_controllers",
+    "plot_toy_token_kl",
+]
+
+
+def plot_toy_frontier(
+    frontier: Any,
+    *,
+    points: Mapping[str, np.ndarray] | None = None,
+    best_of_n: Mapping[str, np.ndarray] | None = None,
+    axes: Any = None,
+    title: str | None = None,
+) -> np.ndarray:
+    """Exact reward–KL frontier (§11): expected proxy (left) and gold (right) reward against KL.
+
+    Parameters
+    ----------
+    frontier : Frontier
+        From :func:`kltutorial.toyrlhf.exact_frontier`: ``kl``, ``proxy``, ``gold`` of shape (K,),
+        the exact optimal policies :math:`\\pi^*_\\beta` for a grid of β (a line).
+    points : dict with ``"beta"``, ``"kl"``, ``"proxy"``, ``"gold"`` arrays (M,), optional
+        Trained policies, one marker per β (warm = small β).
+    best_of_n : dict with ``"n"``, ``"kl"``, ``"proxy"``, ``"gold"`` arrays (L,), optional
+        Exact best-of-n under the proxy, drawn as a dashed line with small markers.
+    axes : 2 Axes, optional
+    title : str, optional
+
+    Returns
+    -------
+    ndarray of Axes, shape (2,)
+    """
+    flat = new_axes_grid(axes, 1, 2, figsize=(10.0, 4.0), sharex=True)
+    for ax, key, name in zip(flat, ("proxy", "gold"), ("proxy", "gold"), strict=True):
+        ax.plot(frontier.kl, getattr(frontier, key), color=REFERENCE_COLOR, linestyle="-",
+                linewidth=1.5, label="exact optimum π*_β (frontier)")
+        if best_of_n is not None:
+            ax.plot(best_of_n["kl"], best_of_n[key], color=PALETTE[2], linestyle="--", marker=".",
+                    markersize=6, label="exact best-of-n (n = 1, 2, 4, …)")
+        if points is not None:
+            betas = np.asarray(points["beta"], dtype=float)
+            for k, style in enumerate(beta_styles(betas)):
+                ax.plot(points["kl"][k], points[key][k], color=style["color"],
+                        marker=style["marker"], markersize=8, linestyle="none",
+                        markeredgecolor="black", markeredgewidth=0.6,
+                        label=f"trained, β = {betas[k]:g}")
+        ax.set_xlabel("KL(π ‖ π_ref) (nats)")
+        ax.set_ylabel(f"expected {name} reward (reward units)")
+        ax.set_title(f"{name} reward" + (" (what training optimises)" if key == "proxy"
+                                          else " (what we wanted)"))
+    flat[0].legend(loc="lower right", fontsize=8.5)
+    if title:
+        flat[0].figure.suptitle(title)
+    return flat
+
+
+def plot_bang_histogram(
+    distributions: Mapping[str, np.ndarray],
+    *,
+    betas: Sequence[float] | None = None,
+    ax: Axes | None = None,
+    title: str | None = "Where the mass goes: number of “!” per sequence",
+) -> Axes:
+    """Grouped bars: probability of each number of ``"!"`` under several policies (§11).
+
+    Parameters
+    ----------
+    distributions : dict name -> ndarray, shape (T + 1,)
+        ``P(#! = k)`` for k = 0..T. The first entry (the reference) is drawn grey; the others get
+        β colours if ``betas`` is given (one β per remaining entry), else the palette.
+    betas : sequence of float, optional
+    ax : Axes, optional
+    title : str or None
+
+    Returns
+    -------
+    Axes
+    """
+    if not isinstance(distributions, Mapping) or len(distributions) == 0:
+        raise TypeError("distributions: expected a non-empty dict name -> probabilities")
+    ax = new_axes(ax, figsize=(6.4, 3.8))
+    names = list(distributions)
+    n_bars = len(names)
+    width = 0.8 / n_bars
+    colors = ["0.6"] + (beta_colors(betas) if betas is not None
+                        else [PALETTE[i % len(PALETTE)] for i in range(n_bars - 1)])
+    hatches = ["", "//", "..", "xx", "\\\\", "oo", "--", "++"]
+    n_pos = np.asarray(distributions[names[0]]).shape[0]
+    x = np.arange(n_pos)
+    for i, name in enumerate(names):
+        probs = np.asarray(distributions[name], dtype=float)
+        ax.bar(x - 0.4 + width * (i + 0.5), probs, width=width, color=colors[i],
+               hatch=hatches[i % len(hatches)], edgecolor="white", linewidth=0.3, label=name)
+    ax.axvspan(1.5, n_pos - 0.5, color=ZONE_COLOR, alpha=0.12, linewidth=0)
+    ax.text(1.6, 0.97, "≥ 2 “!”: rare in the preference data", transform=ax.get_xaxis_transform(),
+            va="top", fontsize=9, color=REFERENCE_COLOR)
+    ax.set_xticks(x)
+    ax.set_xlabel("number of “!” in the sequence")
+    ax.set_ylabel("probability")
+    ax.set_ylim(0.0, 1.0)
+    if title:
+        ax.set_title(title)
+    ax.legend(loc="center right", fontsize=8.5)
+    return ax
+
+
+def plot_data_sweep(
+    n_pairs: Sequence[int] | np.ndarray,
+    kl: np.ndarray,
+    gold: np.ndarray,
+    *,
+    axes: Any = None,
+    title: str | None = None,
+) -> np.ndarray:
+    """More preference data (§11): gold reward of :math:`\\pi^*_\\beta` against KL per data size.
+
+    Left: one curve per N (mean over data sets at each β), its peak marked. Right: the KL and the
+    gold reward at the peak against N (log scale).
+
+    Parameters
+    ----------
+    n_pairs : sequence of int, shape (M,)
+    kl, gold : ndarray, shape (M, K)
+        Mean over data sets of the exact KL and gold reward of :math:`\\pi^*_\\beta`, K values of β.
+    axes : 2 Axes, optional
+    title : str, optional
+
+    Returns
+    -------
+    ndarray of Axes, shape (2,)
+    """
+    n_pairs = np.asarray(n_pairs)
+    kl, gold = np.asarray(kl, dtype=float), np.asarray(gold, dtype=float)
+    if kl.shape != gold.shape or kl.ndim != 2 or kl.shape[0] != n_pairs.shape[0]:
+        raise ValueError(f"kl and gold: expected shape ({n_pairs.shape[0]}, K), "
+                         f"got {kl.shape} and {gold.shape}")
+    ax, ax_peak = new_axes_grid(axes, 1, 2, figsize=(10.0, 3.9))
+    peak = gold.argmax(axis=1)
+    rows = np.arange(n_pairs.shape[0])
+    for i in rows:
+        style = series_style(i)
+        ax.plot(kl[i], gold[i], color=style["color"], linestyle=style["linestyle"],
+                label=f"N = {n_pairs[i]:,} pairs")
+        ax.plot(kl[i, peak[i]], gold[i, peak[i]], color=style["color"], marker=style["marker"],
+                markersize=8, markeredgecolor="black", markeredgewidth=0.6, linestyle="none")
+    ax.set_xlabel("KL(π*_β ‖ π_ref) (nats)")
+    ax.set_ylabel("expected gold reward (reward units)")
+    ax.set_title("gold reward of the proxy's optimum (markers: peaks)")
+    ax.legend(loc="lower left", fontsize=8.5)
+    s0, s1 = series_style(0), series_style(1)
+    ax_peak.plot(n_pairs, kl[rows, peak], color=s0["color"], marker=s0["marker"],
+                 label="KL at the peak (nats)")
+    ax_peak.set_xscale("log")
+    ax_peak.set_xlabel("preference pairs N (log scale)")
+    ax_peak.set_ylabel("KL at the gold peak (nats)")
+    twin = ax_peak.twinx()
+    twin.plot(n_pairs, gold[rows, peak], color=s1["color"], marker=s1["marker"],
+              linestyle=s1["linestyle"], label="gold reward at the peak")
+    twin.set_ylabel("gold reward at the peak (reward units)")
+    twin.grid(False)
+    twin.spines["right"].set_visible(True)
+    lines = ax_peak.get_lines() + twin.get_lines()
+    ax_peak.legend(lines, [ln.get_label() for ln in lines], loc="lower right", fontsize=8.5)
+    ax_peak.set_title("the peak against the amount of data")
+    if title:
+        ax.figure.suptitle(title)
+    return np.array([ax, ax_peak], dtype=object)
+
+
+def _penalized_proxy(run: Any) -> np.ndarray:
+    """``proxy − β₀·KL`` at the run's initial β₀, shape (steps,).
+
+    Belongs to the result (as ``ControlledTraining.penalized_reward`` does in section 10): kept here
+    only until ``toyrlhf.TrainResult`` provides it as a property.
+    """
+    beta0 = float(np.asarray(run.beta)[0])
+    return np.asarray(run.proxy, dtype=float) - beta0 * np.asarray(run.kl, dtype=float)
+
+
+def plot_toy_controllers(
+    runs: Mapping[str, Any],
+    target_kl: float,
+    *,
+    axes: Any = None,
+    title: str | None = None,
+) -> np.ndarray:
+    """Fixed vs adaptive β in real training (§11): KL, β, gold reward and proxy penalised at β₀.
+
+    The layout of section 10's fixed-vs-adaptive figure (:func:`~.controllers.plot_control_panels`),
+    one marked line per run instead of a band over seeds, with the gold reward (what we wanted) in
+    place of the learned one.
+
+    Parameters
+    ----------
+    runs : dict name -> TrainResult
+        Each with ``kl``, ``proxy``, ``gold`` of shape (n,) (exact, per step) and ``beta`` (n + 1,).
+        All runs start from the same β₀ (``beta[0]``).
+    target_kl : float
+        The controllers' target (nats), drawn dashed on the KL panel.
+    axes : 2 x 2 Axes, optional
+    title : str, optional
+
+    Returns
+    -------
+    ndarray of Axes, shape (2, 2)
+        ``[[kl, beta], [gold, penalised proxy]]``.
+    """
+    if not isinstance(runs, Mapping) or len(runs) == 0:
+        raise TypeError("runs: expected a non-empty dict name -> TrainResult")
+    traces = {name: ControlTrace(kl=run.kl, beta=run.beta, reward=run.gold,
+                                 penalized_reward=_penalized_proxy(run))
+              for name, run in runs.items()}
+    return plot_control_panels(
+        traces, target_kl=target_kl, kl_label="exact KL(π_θ ‖ π_ref) (nats)",
+        reward_label="expected gold reward (reward units)", reward_title="gold reward (what we wanted)",
+        penalized_of="proxy", axes=axes, title=title,
+    )
+
+
+def plot_toy_token_kl(
+    exact: Mapping[str, np.ndarray],
+    sampled: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    *,
+    betas: Sequence[float] | None = None,
+    illustrative: Mapping[str, np.ndarray] | None = None,
+    axes: Any = None,
+    title: str | None = None,
+) -> np.ndarray:
+    """Per-token KL of trained policies (§11), next to §10's hand-made patterns.
+
+    Parameters
+    ----------
+    exact : dict name -> ndarray, shape (T,)
+        Exact per-position KL of each policy (nats).
+    sampled : dict name -> (mean, standard error), each shape (T,), optional
+        The per-token k1 estimate averaged over samples of the same policy (same keys as
+        ``exact``), drawn as error bars (± 2 standard errors).
+    betas : sequence of float, optional
+        One β per entry of ``exact``, for colours.
+    illustrative : dict name -> ndarray, shape (T',), optional
+        §10's invented patterns, drawn on a second panel against the relative position.
+    axes : 1 or 2 Axes, optional
+    title : str, optional
+
+    Returns
+    -------
+    ndarray of Axes, shape (1,) or (2,)
+    """
+    n_panels = 2 if illustrative is not None else 1
+    flat = new_axes_grid(axes, 1, n_panels, figsize=(5.2 * n_panels, 3.9))
+    ax = flat[0]
+    names = list(exact)
+    styles = (beta_styles(betas) if betas is not None
+              else [series_style(i) for i in range(len(names))])
+    for i, name in enumerate(names):
+        values = np.asarray(exact[name], dtype=float)
+        pos = np.arange(1, values.shape[0] + 1)
+        st = styles[i]
+        ax.plot(pos, values, color=st["color"], linestyle=st["linestyle"], marker=st["marker"],
+                label=f"{name}: exact")
+        if sampled is not None and name in sampled:
+            mean, sem = (np.asarray(a, dtype=float) for a in sampled[name])
+            ax.errorbar(pos + 0.08, mean, yerr=2 * sem, color=st["color"], fmt="none",
+                        capsize=3, linewidth=1.2)
+    if sampled is not None:
+        ax.errorbar([], [], yerr=[], color=REFERENCE_COLOR, fmt="none", capsize=3,
+                    label="k1 on samples (±2 s.e.)")
+    ax.set_xticks(np.arange(1, np.asarray(exact[names[0]]).shape[0] + 1))
+    ax.set_xlabel("token position")
+    ax.set_ylabel("KL at the position (nats)")
+    ax.set_ylim(bottom=0.0)
+    ax.set_title("measured: trained policies")
+    ax.legend(loc="best", fontsize=8.5)
+    if illustrative is not None:
+        ax2 = flat[1]
+        for i, (name, values) in enumerate(illustrative.items()):
+            values = np.asarray(values, dtype=float)
+            st = series_style(i + 3)
+            ax2.plot(np.linspace(0, 1, values.shape[0]), values, color=st["color"],
+                     linestyle=st["linestyle"], linewidth=1.3, label=name)
+        ax2.set_xlabel("relative position in the response")
+        ax2.set_ylabel("KL at the token (nats)")
+        ax2.set_ylim(bottom=0.0)
+        ax2.set_title("§10's patterns: hand-made, not measured")
+        ax2.legend(loc="upper center", fontsize=8.5)
+    if title:
+        ax.figure.suptitle(title)
+    return flat

@@ -1,0 +1,116 @@
+"""Tests of kltutorial.plotting.experiment (§11's figures): what each figure draws.
+
+The figures take plain arrays or objects with array attributes; the stand-ins below have the
+attributes of ``toyrlhf.Frontier`` and ``toyrlhf.TrainResult`` that the figures read, with numbers
+chosen so that what is drawn can be checked by hand. (Moved from tests/test_toyrlhf.py.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+
+from kltutorial import plotting
+
+T = 5  # token positions of the toy task
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+@dataclass(frozen=True)
+class Frontier:  # the attributes of toyrlhf.Frontier the figures read
+    betas: np.ndarray
+    kl: np.ndarray
+    proxy: np.ndarray
+    gold: np.ndarray
+
+
+@dataclass(frozen=True)
+class Run:  # the attributes of toyrlhf.TrainResult the figures read
+    kl: np.ndarray
+    beta: np.ndarray
+    proxy: np.ndarray
+    gold: np.ndarray
+
+
+def _run(beta0: float, steps: int = 12) -> Run:
+    kl = np.linspace(0.5, 3.0, steps)
+    return Run(kl=kl, beta=np.full(steps + 1, beta0), proxy=1.0 + kl, gold=2.0 - 0.1 * kl)
+
+
+def test_toy_frontier():
+    front = Frontier(betas=np.array([2.0, 1.0, 0.5]), kl=np.array([0.1, 0.4, 1.2]),
+                     proxy=np.array([0.2, 0.6, 1.0]), gold=np.array([0.3, 0.5, 0.4]))
+    points = {"beta": np.array([1.0]), "kl": front.kl[1:2], "proxy": front.proxy[1:2],
+              "gold": front.gold[1:2]}
+    best = {"n": np.array([1, 2, 4]), "kl": np.array([0.0, 0.19, 0.6]),
+            "proxy": np.array([0.0, 0.3, 0.5]), "gold": np.array([0.2, 0.3, 0.35])}
+    axes = plotting.plot_toy_frontier(front, points=points, best_of_n=best)
+    assert axes.shape == (2,) and "nats" in axes[0].get_xlabel()
+    for ax, key in zip(axes, ("proxy", "gold"), strict=True):
+        frontier_line, bon_line, point = ax.lines
+        np.testing.assert_allclose(frontier_line.get_xdata(), front.kl)
+        np.testing.assert_allclose(frontier_line.get_ydata(), getattr(front, key))
+        np.testing.assert_allclose(bon_line.get_ydata(), best[key])
+        assert point.get_label() == "trained, β = 1" and point.get_ydata()[0] == getattr(front, key)[1]
+        assert key in ax.get_ylabel()
+
+
+def test_bang_histogram():
+    ref = np.array([0.6, 0.3, 0.07, 0.02, 0.01, 0.0])
+    trained = np.array([0.1, 0.2, 0.3, 0.2, 0.1, 0.1])
+    ax = plotting.plot_bang_histogram({"π_ref": ref})
+    assert len(ax.containers) == 1 and len(ax.containers[0]) == T + 1
+    ax = plotting.plot_bang_histogram({"π_ref": ref, "trained, β = 0.1": trained}, betas=[0.1])
+    assert len(ax.containers) == 2
+    np.testing.assert_allclose([bar.get_height() for bar in ax.containers[1]], trained)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["π_ref", "trained, β = 0.1"]
+    with pytest.raises(TypeError, match="distributions"):
+        plotting.plot_bang_histogram({})
+
+
+def test_data_sweep():
+    kl = np.array([[0.0, 1.0, 2.0], [0.0, 1.5, 3.0]])
+    gold = np.array([[1.0, 2.0, 1.5], [1.0, 2.0, 2.5]])
+    ax_curves, ax_peak = plotting.plot_data_sweep([10, 100], kl, gold)
+    assert len(ax_curves.get_legend().get_texts()) == 2
+    # Peaks: at KL 1.0 (gold 2.0) for N = 10, at KL 3.0 (gold 2.5) for N = 100.
+    np.testing.assert_allclose(ax_peak.lines[0].get_ydata(), [1.0, 3.0])
+    assert ax_peak.get_xscale() == "log"
+    with pytest.raises(ValueError, match="kl and gold"):
+        plotting.plot_data_sweep([10], kl, gold)
+
+
+def test_toy_controllers_share_the_control_layout():
+    runs = {"fixed": _run(0.05), "adaptive": _run(0.05, steps=8)}
+    grid = plotting.plot_toy_controllers(runs, target_kl=1.0)
+    assert grid.shape == (2, 2) and grid[0, 1].get_yscale() == "log"
+    ax_kl, ax_beta, ax_gold, ax_pen = grid.ravel()
+    assert ax_kl.get_title() == "KL against its target" and ax_beta.get_title() == "KL coefficient β"
+    np.testing.assert_array_equal(ax_gold.lines[0].get_ydata(), runs["fixed"].gold)
+    # The fourth panel: proxy − β₀·KL at the shared β₀ = 0.05.
+    adaptive = runs["adaptive"]
+    np.testing.assert_allclose(ax_pen.lines[1].get_ydata(), adaptive.proxy - 0.05 * adaptive.kl)
+    assert "0.05" in ax_pen.get_title() and "proxy" in ax_pen.get_ylabel()
+    with pytest.raises(ValueError, match="shared initial"):
+        plotting.plot_toy_controllers({"a": _run(0.05), "b": _run(0.1)}, target_kl=1.0)
+    with pytest.raises(TypeError, match="runs"):
+        plotting.plot_toy_controllers({}, target_kl=1.0)
+
+
+def test_toy_token_kl():
+    exact = {"β = 1": np.array([0.1, 0.2, 0.05, 0.3, 0.15])}
+    panels = plotting.plot_toy_token_kl(exact, {"β = 1": (exact["β = 1"], np.zeros(T))}, betas=[1.0],
+                                        illustrative={"pattern": np.ones(10)})
+    assert panels.shape == (2,) and "not measured" in panels[1].get_title()
+    np.testing.assert_array_equal(panels[0].lines[0].get_ydata(), exact["β = 1"])
+    np.testing.assert_array_equal(panels[0].lines[0].get_xdata(), np.arange(1, T + 1))
+    assert "nats" in panels[0].get_ylabel()
+    assert plotting.plot_toy_token_kl(exact).shape == (1,)
