@@ -47,7 +47,13 @@ machine.
 
 The simulation benchmark times :func:`kltutorial.simulate.simulate_training_trajectory` (vectorised over
 β and seeds) against :func:`scalar_training_trajectory`, the handbook's loop that runs one (β, seed) pair
-at a time in plain Python (the baseline), and checks that both compute the same trajectories.
+at a time in plain Python (the baseline), and checks that both compute the same trajectories. Both run
+the model of :mod:`kltutorial.simulate` (its per-step function), on the same pre-drawn disturbances: what
+differs is only how many runs each step advances at once.
+
+Randomness and process settings: the inputs come from a ``torch.Generator`` (logits) or a
+``numpy.random.Generator`` (simulation) passed in; only the command line (:func:`main`) and the child
+process's entry point create them from a seed, and only the child sets torch's thread count.
 """
 
 from __future__ import annotations
@@ -67,7 +73,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kltutorial._validation import check_float_tensor
+from kltutorial._validation import (
+    check_choice,
+    check_float_tensor,
+    check_generator,
+    check_positive,
+    check_positive_int,
+    check_rng,
+)
 from kltutorial.logprobs import (
     CHUNK_BYTES,
     exact_kl,
@@ -75,10 +88,19 @@ from kltutorial.logprobs import (
     naive_exact_kl,
     naive_logprobs_for_tokens,
 )
+from kltutorial.simulate import (
+    TrainingTrajectories,
+    draw_training_noise,
+    learned_reward,
+    simulate_training_trajectory,
+    trajectory_step,
+)
 
 __all__ = [
     "LOGPROB_METHODS",
     "KL_METHODS",
+    "ALL_METHODS",
+    "ALL_DTYPES",
     "BenchRow",
     "trl_style_logprobs",
     "measure",
@@ -97,6 +119,8 @@ DTYPES = ["float32", "bfloat16"]
 LOGPROB_METHODS = ["amax", "naive", "trl_row_loop", "ours", "ours+scan"]
 KL_METHODS = ["naive_kl", "ours_kl"]
 BACKWARD_METHODS = ["naive_fb", "ours_fb"]
+ALL_METHODS = LOGPROB_METHODS + KL_METHODS + BACKWARD_METHODS
+ALL_DTYPES = ["float32", "bfloat16", "float16", "float64"]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -165,7 +189,22 @@ def _method(name: str, chunk_size: int | None) -> Callable[[dict[str, torch.Tens
     if name == "ours_fb":
         fn = _fwd_bwd(lambda x, t: get_logprobs_for_tokens(x, t, chunk_size=chunk_size))
         return lambda d: fn(d["logits"], d["tokens"])
-    raise ValueError(f"method must be one of {LOGPROB_METHODS + KL_METHODS + BACKWARD_METHODS}, got {name!r}")
+    raise ValueError(f"method must be one of {ALL_METHODS}, got {name!r}")
+
+
+def _check_case(
+    method: str, shape: Sequence[int], dtype: str, repeats: int, chunk_size: int | None
+) -> tuple[int, int, int]:
+    """Check one benchmark case; return the shape as (B, T, V)."""
+    check_choice(method, "method", ALL_METHODS)
+    check_choice(dtype, "dtype", ALL_DTYPES)
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence) or len(shape) != 3:
+        raise ValueError(f"shape: expected three sizes (B, T, V), got {shape!r}")
+    B, T, V = (check_positive_int(n, f"shape[{i}]") for i, n in enumerate(shape))
+    check_positive_int(repeats, "repeats")
+    if chunk_size is not None:
+        check_positive_int(chunk_size, "chunk_size")
+    return B, T, V
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -180,9 +219,8 @@ def _random_logits(shape: Sequence[int], dtype: torch.dtype, generator: torch.Ge
 
 
 def _make_inputs(
-    shape: Sequence[int], dtype: torch.dtype, with_reference: bool, seed: int = 0
+    shape: Sequence[int], dtype: torch.dtype, with_reference: bool, g: torch.Generator
 ) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
     B, T, V = shape
     inputs = {
         "logits": _random_logits(shape, dtype, g),
@@ -199,11 +237,6 @@ def _status_kib(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     raise RuntimeError(f"{field} not found in /proc/self/status")
-
-
-def _rss_bytes() -> int:
-    """Current resident set size of this process."""
-    return _status_kib("VmRSS") * 1024
 
 
 def _peak_rss_bytes() -> int:
@@ -227,29 +260,45 @@ def measure(
     dtype: str,
     repeats: int = 5,
     chunk_size: int | None = None,
-    seed: int = 0,
+    *,
+    generator: torch.Generator,
 ) -> dict[str, float]:
     """Time one method and measure its peak memory above the inputs, in *this* process.
 
     Meant to run in a fresh process (see :func:`run_case`): the peak RSS is per process and never
-    goes down, so a second measurement in the same process would see the first one's peak.
+    goes down, so a second measurement in the same process would see the first one's peak. It resets
+    this process's record of its peak RSS (steps 1–4 of the module docstring).
+
+    Parameters
+    ----------
+    method : str
+        One of :data:`ALL_METHODS`.
+    shape : (B, T, V)
+    dtype : str
+        ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"float64"``.
+    repeats : int
+        Timed calls.
+    chunk_size : int, optional
+        Rows per chunk for ``ours`` (default: the package's choice).
+    generator : torch.Generator
+        Source of the random logits and tokens.
 
     Returns
     -------
     dict
         ``times`` (seconds, one per repeat), ``peak_bytes`` (peak RSS above the inputs),
-        ``input_bytes`` (size of one logits tensor), ``baseline_gap_bytes`` (peak minus current RSS
-        before the timed calls; near 0 means the baseline is honest, i.e. the peak could be reset).
+        ``input_bytes`` (size of one logits tensor).
     """
+    shape = _check_case(method, shape, dtype, repeats, chunk_size)
+    generator = check_generator(generator)
     torch_dtype = getattr(torch, dtype)
     fn = _method(method, chunk_size)
     kl = method in KL_METHODS
     # warm up kernels and thread pools on a tiny input (its memory is part of the baseline)
-    fn(_make_inputs((1, 4, shape[2] if shape[2] <= 4096 else 4096), torch_dtype, kl, seed))
-    inputs = _make_inputs(shape, torch_dtype, kl, seed)
+    fn(_make_inputs((1, 4, min(shape[2], 4096)), torch_dtype, kl, generator))
+    inputs = _make_inputs(shape, torch_dtype, kl, generator)
     _reset_peak_rss()
     before = _peak_rss_bytes()
-    gap = before - _rss_bytes()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -260,7 +309,6 @@ def measure(
         "times": times,
         "peak_bytes": _peak_rss_bytes() - before,
         "input_bytes": inputs["logits"].numel() * inputs["logits"].element_size(),
-        "baseline_gap_bytes": gap,
     }
 
 
@@ -294,8 +342,13 @@ def run_case(
 ) -> dict[str, float]:
     """Run :func:`measure` in a fresh Python process and return its result.
 
-    ``threads`` sets ``torch.set_num_threads`` in the child (``None``: torch's default).
+    ``threads`` sets ``torch.set_num_threads`` in the child (``None``: torch's default); the child draws
+    its inputs from ``torch.Generator().manual_seed(0)``.
     """
+    _check_case(method, shape, dtype, repeats, chunk_size)
+    if threads is not None:
+        check_positive_int(threads, "threads")
+    timeout = check_positive(timeout, "timeout")
     spec = {"method": method, "shape": list(shape), "dtype": dtype, "repeats": repeats,
             "chunk_size": chunk_size, "threads": threads}
     proc = subprocess.run(
@@ -308,10 +361,13 @@ def run_case(
 
 
 def _child(spec_json: str) -> None:
+    """Entry point of the child process: its own thread count and generator, one :func:`measure`."""
     spec = json.loads(spec_json)
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
-    result = measure(spec["method"], spec["shape"], spec["dtype"], spec["repeats"], spec["chunk_size"])
+    generator = torch.Generator().manual_seed(spec.get("seed", 0))
+    result = measure(spec["method"], spec["shape"], spec["dtype"], spec["repeats"], spec["chunk_size"],
+                     generator=generator)
     print(json.dumps(result))
 
 
@@ -325,6 +381,10 @@ def run_table(
     progress: Callable[[str], None] | None = None,
 ) -> list[BenchRow]:
     """Measure every (shape, dtype, method), each in a fresh process; ratios within a (shape, dtype)."""
+    for shape in shapes:  # every case is checked before the first one runs
+        for dtype in dtypes:
+            for method in methods:
+                _check_case(method, shape, dtype, repeats, chunk_size)
     rows: list[BenchRow] = []
     for shape in shapes:
         for dtype in dtypes:
@@ -374,6 +434,9 @@ def chunk_sweep(
 
     Each point runs in a fresh process on logits of shape (1, n_positions, V).
     """
+    for vocab in vocab_sizes:
+        for kib in chunk_kib:
+            _check_case(method, (1, n_positions, vocab), dtype, repeats, check_positive_int(kib, "chunk_kib"))
     out = []
     for vocab in vocab_sizes:
         for kib in chunk_kib:
@@ -391,40 +454,36 @@ def chunk_sweep(
 
 def scalar_training_trajectory(
     beta: float,
-    n_steps: int = 100,
-    rng: np.random.Generator | None = None,
+    kl_noise: np.ndarray,
+    reward_noise: np.ndarray,
     noise_scale: float = 0.08,
-    *,
-    kl_noise: np.ndarray | None = None,
-    reward_noise: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Baseline: one run of the §10 fixed-β model, one step at a time (the handbook's loop).
 
-    The handbook's ``simulate_training_trajectory``, step for step: NumPy scalar arithmetic, Python
-    lists, one β and one seed per call, two standard-normal draws per step; only the global
-    ``np.random`` is replaced by an explicit ``rng``. Pass ``kl_noise`` and ``reward_noise`` (shape
-    (n_steps,)) instead of ``rng`` to replay given disturbances, which is how the benchmark checks that
-    :func:`kltutorial.simulate.simulate_training_trajectory`, the vectorised version, computes the same
-    model. Kept here only as the benchmark's reference.
+    The handbook's ``simulate_training_trajectory`` loop: one β and one seed per call, one step per
+    iteration, Python lists, NumPy scalar arithmetic. The model itself is
+    :func:`kltutorial.simulate.trajectory_step` and :func:`kltutorial.simulate.learned_reward`, called
+    on one number at a time; the vectorised :func:`kltutorial.simulate.simulate_training_trajectory`
+    calls the same functions on all (β, seed) pairs at once. Kept here only as the benchmark's baseline.
+
+    Parameters
+    ----------
+    beta : float
+    kl_noise, reward_noise : ndarray, shape (n_steps,)
+        The run's standard-normal disturbances ε and η (one row of a
+        :class:`~kltutorial.simulate.TrainingNoise`).
+    noise_scale : float
+        σ, as in the simulation.
 
     Returns
     -------
     kl, reward : ndarray, shape (n_steps + 1,)
     """
-    if kl_noise is not None and reward_noise is not None:
-        n_steps = len(kl_noise)
-    elif rng is None:
-        raise TypeError("rng: pass a numpy.random.Generator, or kl_noise and reward_noise")
     kl_values, reward_values = [0.0], [0.0]
-    equilibrium = 18.0 / (1.0 + 8.0 * beta)
-    for step in range(n_steps):
-        current = kl_values[-1]
-        eps = rng.standard_normal() if kl_noise is None else kl_noise[step]
-        new_kl = max(0.0, current + 0.08 * (equilibrium - current) + noise_scale * eps)
-        score = 2.0 * (1.0 - np.exp(-new_kl / 5.0)) + 0.08 * max(0.0, new_kl - 10.0)
-        eta = rng.standard_normal() if reward_noise is None else reward_noise[step]
+    for eps, eta in zip(kl_noise, reward_noise, strict=True):
+        new_kl = trajectory_step(kl_values[-1], beta, eps, noise_scale)
         kl_values.append(new_kl)
-        reward_values.append(score + noise_scale * eta)
+        reward_values.append(learned_reward(new_kl) + noise_scale * eta)
     return np.array(kl_values), np.array(reward_values)
 
 
@@ -433,33 +492,34 @@ def simulation_benchmark(
     n_seeds: int = 1000,
     n_steps: int = 200,
     repeats: int = 3,
-    seed: int = 0,
+    *,
+    rng: np.random.Generator,
 ) -> dict[str, float]:
     """Time the vectorised simulation against the handbook's scalar loop over (β, seed).
 
-    Timed: ``simulate_training_trajectory(betas, n_steps, n_seeds, rng)`` against
-    ``scalar_training_trajectory(beta, n_steps, rng)`` called for every β and seed, each drawing its
-    disturbances as it goes. Checked: the scalar loop replaying the vectorised run's disturbances
-    reproduces its trajectories (a mismatch raises ``AssertionError``).
+    One set of disturbances is drawn from ``rng``; then timed: ``simulate_training_trajectory(betas,
+    noise=noise)`` against :func:`scalar_training_trajectory` called for every β and seed on that seed's
+    row of the same disturbances. Checked: both give the same trajectories (a mismatch raises
+    ``AssertionError``).
 
     Returns
     -------
     dict
         ``vectorised_s`` and ``loop_s`` (median seconds), ``speedup``, ``max_abs_diff``, and the sizes.
     """
-    from kltutorial.simulate import draw_training_noise, simulate_training_trajectory
+    n_seeds = check_positive_int(n_seeds, "n_seeds")
+    n_steps = check_positive_int(n_steps, "n_steps")
+    repeats = check_positive_int(repeats, "repeats")
+    noise = draw_training_noise(n_seeds, n_steps, check_rng(rng))
 
-    def vectorised() -> None:
-        simulate_training_trajectory(betas, n_steps=n_steps, n_seeds=n_seeds,
-                                     rng=np.random.default_rng(seed))
+    def vectorised() -> TrainingTrajectories:
+        return simulate_training_trajectory(betas, noise=noise)
 
-    def loop() -> None:
-        rng = np.random.default_rng(seed)
-        for beta in betas:
-            for _ in range(n_seeds):
-                scalar_training_trajectory(beta, n_steps, rng)
+    def loop() -> list[list[tuple[np.ndarray, np.ndarray]]]:
+        return [[scalar_training_trajectory(beta, noise.kl[s], noise.reward[s]) for s in range(n_seeds)]
+                for beta in betas]
 
-    def timed(fn: Callable[[], None]) -> float:
+    def timed(fn: Callable[[], object]) -> float:
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
@@ -467,17 +527,10 @@ def simulation_benchmark(
             times.append(time.perf_counter() - start)
         return statistics.median(times)
 
-    # same model: replay the vectorised run's disturbances through the scalar loop
-    res = simulate_training_trajectory(betas, n_steps=n_steps, n_seeds=n_seeds,
-                                       rng=np.random.default_rng(seed))
-    noise = draw_training_noise(n_seeds, n_steps, np.random.default_rng(seed))
-    diff = 0.0
-    for i, beta in enumerate(betas):
-        for s in range(n_seeds):
-            kl, reward = scalar_training_trajectory(
-                beta, kl_noise=noise.kl[s], reward_noise=noise.reward[s])
-            diff = max(diff, float(np.abs(kl - res.kl[i, s]).max()),
-                       float(np.abs(reward - res.reward[i, s]).max()))
+    # same model, same disturbances: the two must agree (to rounding of the reward's exp)
+    res, runs = vectorised(), loop()
+    diff = max(max(float(np.abs(kl - res.kl[i, s]).max()), float(np.abs(reward - res.reward[i, s]).max()))
+               for i, per_seed in enumerate(runs) for s, (kl, reward) in enumerate(per_seed))
     assert diff < 1e-9, f"vectorised and scalar simulations disagree by {diff}"
 
     vec_s, loop_s = timed(vectorised), timed(loop)
@@ -506,9 +559,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help=f"small shapes {QUICK_SHAPES} and a small simulation (seconds)")
     parser.add_argument("--shapes", type=_parse_shape, nargs="+", metavar="BxTxV",
                         help="logit shapes (default: 4x1024x32000 2x1024x128256)")
-    parser.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16", "float16", "float64"],
+    parser.add_argument("--dtypes", nargs="+", choices=ALL_DTYPES,
                         default=DTYPES)
-    parser.add_argument("--methods", nargs="+", choices=LOGPROB_METHODS + KL_METHODS + BACKWARD_METHODS,
+    parser.add_argument("--methods", nargs="+", choices=ALL_METHODS,
                         help="methods to run (default: all forward methods)")
     parser.add_argument("--backward", action="store_true", help="also time forward + backward")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per case (median reported)")
@@ -518,6 +571,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sweep", action="store_true", help="sweep the chunk size instead")
     parser.add_argument("--no-sim", action="store_true", help="skip the simulation benchmark")
     parser.add_argument("--sim-only", action="store_true", help="only the simulation benchmark")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the simulation's disturbances")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -547,7 +601,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                          progress=say)
         print(format_table(rows))
     if not args.no_sim:
-        sim = simulation_benchmark(n_seeds=100 if args.quick else 1000, repeats=1 if args.quick else 3)
+        sim = simulation_benchmark(n_seeds=100 if args.quick else 1000, repeats=1 if args.quick else 3,
+                                   rng=np.random.default_rng(args.seed))
         print(f"\nsimulation: {sim['n_betas']} beta x {sim['n_seeds']} seeds x {sim['n_steps']} steps: "
               f"vectorised {sim['vectorised_s']:.4f} s, scalar loop (baseline) {sim['loop_s']:.3f} s, "
               f"speed-up {sim['speedup']:.0f}x, max |difference| {sim['max_abs_diff']:.1e}")

@@ -34,8 +34,13 @@ uses the same draws ("common random numbers"). So two calls with generators seed
 identical disturbances, whatever the β or the controller: differences between the runs are
 caused by β or by the controller alone. A :class:`TrainingNoise` can also be passed in directly.
 
-Shapes: K β values (or initial β values), N seeds, S = n_steps + 1 recorded states (index 0 is
-the starting state, recorded without measurement noise).
+Each model's one step is a function of its own (:func:`trajectory_step`, :func:`controlled_step`):
+the simulations apply it to all runs at once, and the benchmark's one-run-at-a-time baseline
+(:func:`kltutorial.bench.scalar_training_trajectory`) applies it to one number at a time, so the
+model is written once.
+
+Shapes: K β values (or initial β values), N seeds, and ``n_steps + 1`` recorded steps along the last
+axis (index 0 is the starting state, recorded without measurement noise).
 """
 
 from __future__ import annotations
@@ -55,7 +60,9 @@ __all__ = [
     "draw_training_noise",
     "equilibrium_kl",
     "learned_reward",
+    "trajectory_step",
     "controlled_reward",
+    "controlled_step",
     "simulate_training_trajectory",
     "simulate_training_with_controller",
     "illustrative_token_kl_patterns",
@@ -152,13 +159,11 @@ def _resolve_noise(
     default_steps: int,
     default_seeds: int = 1000,
 ) -> TrainingNoise:
-    """Use ``noise`` if given (checking n_seeds/n_steps agree), else draw it from ``rng``."""
+    """Use ``noise`` if given (checking n_seeds/n_steps agree), else draw it from ``rng``.
+
+    Without ``noise``, :func:`draw_training_noise` checks ``rng`` (and says what to pass).
+    """
     if noise is None:
-        if rng is None:
-            raise TypeError(
-                "rng: pass a numpy.random.Generator (e.g. np.random.default_rng(0)) "
-                "or pre-drawn disturbances as noise=TrainingNoise(...)"
-            )
         return draw_training_noise(
             default_seeds if n_seeds is None else n_seeds,
             default_steps if n_steps is None else n_steps,
@@ -213,6 +218,25 @@ def learned_reward(kl: float | np.ndarray, reward_scale: float = 1.0) -> float |
     kl = np.asarray(kl, dtype=float)
     bonus = 0.08 * np.maximum(0.0, kl - _RELIABLE_KL)  # extrapolation beyond 10 nats
     return _scalar_or_array(reward_scale * (2.0 * (1.0 - np.exp(-kl / 5.0)) + bonus))
+
+
+def trajectory_step(
+    kl: float | np.ndarray, beta: float | np.ndarray, eps: float | np.ndarray, noise_scale: float
+) -> float | np.ndarray:
+    """One step of invented model 1: ``KL_{t+1} = max(0, KL_t + 0.08 (KL*(β) − KL_t) + σ ε_t)``.
+
+    The KL closes 8 % of its gap to the equilibrium :func:`equilibrium_kl` and gets a Gaussian kick
+    σ ε_t; it is floored at 0. A formula on numbers or on arrays that broadcast together, like
+    :func:`learned_reward`: it does not check its inputs (the simulation checks them once).
+
+    >>> trajectory_step(0.0, 0.25, 0.0, 0.08)  # 8 % of the way to KL* = 6
+    0.48
+    >>> trajectory_step(1.0, 0.25, -20.0, 0.08)  # a large negative kick stops at the floor
+    0.0
+    """
+    kl = np.asarray(kl, dtype=float)
+    gap = np.asarray(equilibrium_kl(beta)) - kl
+    return _scalar_or_array(np.maximum(0.0, kl + _RELAXATION * gap + noise_scale * np.asarray(eps)))
 
 
 @dataclass(frozen=True)
@@ -306,14 +330,10 @@ def simulate_training_trajectory(
     z = _resolve_noise(noise, rng, n_seeds, n_steps, default_steps=100)
     n_steps, n_seeds = z.n_steps, z.n_seeds
 
-    kl_star = np.asarray(equilibrium_kl(beta))[:, None]  # (K, 1)
-    kl = np.zeros((beta.size, n_seeds, n_steps + 1))  # (K, N, S)
+    kl = np.zeros((beta.size, n_seeds, n_steps + 1))  # (K, N, n_steps + 1)
     # 1. KL relaxes towards KL*(β) with a Gaussian kick, floored at 0 (sequential in time).
     for t in range(n_steps):
-        current = kl[:, :, t]
-        kl[:, :, t + 1] = np.maximum(
-            0.0, current + _RELAXATION * (kl_star - current) + sigma * z.kl[:, t]
-        )
+        kl[:, :, t + 1] = trajectory_step(kl[:, :, t], beta[:, None], z.kl[:, t], sigma)
     # 2. The learned reward of each new state, measured with noise (vectorised over time).
     reward = np.zeros_like(kl)
     reward[:, :, 1:] = learned_reward(kl[:, :, 1:], reward_scale) + sigma * z.reward
@@ -335,6 +355,25 @@ def controlled_reward(kl: float | np.ndarray) -> float | np.ndarray:
     return _scalar_or_array(1.5 * (1.0 - np.exp(-np.asarray(kl, dtype=float) / 5.0)))
 
 
+def controlled_step(
+    kl: float | np.ndarray, beta: float | np.ndarray, eps: float | np.ndarray, noise_scale: float
+) -> float | np.ndarray:
+    """One step of invented model 2: ``KL_{t+1} = max(0.1, KL_t + 0.14 − 0.08 β_t KL_t + σ ε_t)``.
+
+    Optimisation pushes the KL up by 0.14 nats, the penalty pulls it back in proportion to β·KL,
+    and noise kicks it; it is floored at 0.1. With β fixed and no noise it settles at 1.75 / β.
+    A formula on numbers or broadcasting arrays; it does not check its inputs.
+
+    >>> round(controlled_step(0.5, 0.1, 1.0, 0.08), 6)  # 0.5 + 0.14 − 0.004 + 0.08
+    0.716
+    >>> controlled_step(17.5, 0.1, 0.0, 0.08)  # the fixed point 1.75 / β
+    17.5
+    """
+    kl = np.asarray(kl, dtype=float)
+    beta, eps = np.asarray(beta), np.asarray(eps)
+    return _scalar_or_array(np.maximum(_KL_FLOOR, kl + _PUSH - _PULL * beta * kl + noise_scale * eps))
+
+
 @dataclass(frozen=True)
 class ControlledTraining:
     """Result of :func:`simulate_training_with_controller` (invented model 2).
@@ -354,9 +393,9 @@ class ControlledTraining:
         ``beta[..., 0]`` is the initial β.
     reward : ndarray, shape (K, N, n_steps + 1)
         Learned reward; index 0 is the noise-free reward of the start.
-    penalized_reward : ndarray, shape (K, N, n_steps + 1)
-        ``reward − β₀ · kl`` with the run's *initial* β₀ (see
-        :func:`simulate_training_with_controller`).
+
+    The reward penalised at the run's initial β₀ is :attr:`penalized_reward`; at any other price,
+    :meth:`penalized_reward_at`.
     """
 
     controller: str
@@ -365,7 +404,6 @@ class ControlledTraining:
     kl: np.ndarray
     beta: np.ndarray
     reward: np.ndarray
-    penalized_reward: np.ndarray
 
     @property
     def n_seeds(self) -> int:
@@ -374,6 +412,33 @@ class ControlledTraining:
     @property
     def n_steps(self) -> int:
         return self.kl.shape[2] - 1
+
+    @property
+    def penalized_reward(self) -> np.ndarray:
+        """``reward − β₀ · kl`` with each row's *initial* β₀, shape (K, N, n_steps + 1).
+
+        Priced at the initial β₀, not at the β in force: controllers started from the same β₀ then
+        pay the same for every nat of KL, so the comparison measures what each run's drift cost,
+        rather than changing the price whenever an adaptive β moves (which would make the adaptive
+        run's score drop just because its controller raised β).
+        """
+        return self._priced(self.init_betas[:, None, None])
+
+    def penalized_reward_at(self, beta: float) -> np.ndarray:
+        """``reward − β · kl`` at one price β for every row, shape (K, N, n_steps + 1).
+
+        >>> from kltutorial.controllers import FixedKLController
+        >>> res = simulate_training_with_controller(FixedKLController(0.3), n_steps=2, n_seeds=1,
+        ...                                         rng=np.random.default_rng(0))
+        >>> bool(np.all(res.penalized_reward_at(0.3) == res.penalized_reward))
+        True
+        """
+        return self._priced(check_coef(beta, "beta"))
+
+    def _priced(self, beta: float | np.ndarray) -> np.ndarray:
+        penalized = self.reward - beta * self.kl
+        _readonly(penalized)
+        return penalized
 
 
 def _controller_target(controller: KLController) -> float | None:
@@ -411,11 +476,8 @@ def simulate_training_with_controller(
     ``ExponentialKLController(gain=0.12, min_coef=0.02, max_coef=0.5)`` for the handbook's
     adaptive rule, or :class:`~kltutorial.controllers.AdaptiveKLController` (Ziegler et al.).
 
-    The penalised reward ``r_t − β₀ KL_t`` uses the run's *initial* β₀, not the β in force:
-    when comparing controllers started from the same β₀ it prices every nat of KL the same
-    for all of them, so it measures what each run's drift cost, rather than changing the
-    price whenever an adaptive β moves (which would make the adaptive run's score drop just
-    because its controller raised β).
+    The result's ``penalized_reward``, ``r_t − β₀ KL_t``, prices KL at the run's *initial* β₀
+    (see :attr:`ControlledTraining.penalized_reward`).
 
     Parameters
     ----------
@@ -447,7 +509,7 @@ def simulate_training_with_controller(
     Returns
     -------
     ControlledTraining
-        ``kl``, ``beta``, ``reward``, ``penalized_reward`` of shape (K, N, n_steps + 1).
+        ``kl``, ``beta``, ``reward`` (and ``penalized_reward``) of shape (K, N, n_steps + 1).
 
     Examples
     --------
@@ -479,7 +541,7 @@ def simulate_training_with_controller(
     z = _resolve_noise(noise, rng, n_seeds, n_steps, default_steps=200)
     n_steps, n_seeds = z.n_steps, z.n_seeds
 
-    shape = (beta0.size, n_seeds, n_steps + 1)  # (K, N, S)
+    shape = (beta0.size, n_seeds, n_steps + 1)  # (K, N, n_steps + 1)
     kl = np.empty(shape)
     beta = np.empty(shape)
     kl[:, :, 0] = _KL_START
@@ -487,17 +549,14 @@ def simulate_training_with_controller(
     for t in range(n_steps):
         current, b = kl[:, :, t], beta[:, :, t]
         # 1. optimisation pushes, the penalty pulls back, noise kicks; KL floored at 0.1.
-        kl[:, :, t + 1] = np.maximum(
-            _KL_FLOOR, current + _PUSH - _PULL * b * current + sigma_kl * z.kl[:, t]
-        )
+        kl[:, :, t + 1] = controlled_step(current, b, z.kl[:, t], sigma_kl)
         # 3. the controller's own rule, elementwise over all K x N runs.
         beta[:, :, t + 1] = controller.next_beta(b, kl[:, :, t + 1], samples_per_update)
     # 2. rewards of every state (vectorised over time); the start is recorded noise-free.
     reward = np.empty(shape)
     reward[:, :, 0] = controlled_reward(_KL_START)
     reward[:, :, 1:] = controlled_reward(kl[:, :, 1:]) + sigma_r * z.reward
-    penalized = reward - beta0[:, None, None] * kl
-    _readonly(beta0, kl, beta, reward, penalized)
+    _readonly(beta0, kl, beta, reward)
     return ControlledTraining(
         controller=type(controller).__name__,
         init_betas=beta0,
@@ -505,7 +564,6 @@ def simulate_training_with_controller(
         kl=kl,
         beta=beta,
         reward=reward,
-        penalized_reward=penalized,
     )
 
 
@@ -545,8 +603,6 @@ def illustrative_token_kl_patterns(
     seq_len = check_positive_int(seq_len, "seq_len")
     if seq_len < 10:
         raise ValueError(f"seq_len: expected at least 10 positions, got {seq_len}")
-    if rng is None:
-        raise TypeError("rng: pass a numpy.random.Generator (e.g. np.random.default_rng(0))")
     rng = check_rng(rng)
     noise = check_coef(noise, "noise")
     u = np.linspace(0.0, 1.0, seq_len)  # relative position in the sequence

@@ -1,7 +1,9 @@
-"""Tests of kltutorial.simulate: the vectorised §10 models against scalar references."""
+"""Tests of kltutorial.simulate: the §10 models against hand-computed steps, closed forms and
+per-seed runs of the same functions (the model is written once, in kltutorial.simulate)."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -16,50 +18,22 @@ from kltutorial.controllers import (
 from kltutorial.simulate import (
     TrainingNoise,
     controlled_reward,
+    controlled_step,
     draw_training_noise,
     equilibrium_kl,
     illustrative_token_kl_patterns,
     learned_reward,
     simulate_training_trajectory,
     simulate_training_with_controller,
+    trajectory_step,
 )
 
 BETAS = [0.01, 0.05, 0.1, 0.3, 1.0]
 
 
-# ------------------------------------------------------------------------------------------
-# Scalar, loop-based references: the handbook's single-run recursions, one seed at a time.
-# ------------------------------------------------------------------------------------------
-
-
-def reference_trajectory(beta, z_kl, z_reward, reward_scale=1.0, noise_scale=0.08):
-    """Handbook §10 ``simulate_training_trajectory`` for one β, with given standard normals."""
-    kl_values, reward_values = [0.0], [0.0]
-    eq = 18.0 / (1.0 + 8.0 * beta)
-    for step in range(len(z_kl)):
-        current = kl_values[-1]
-        update = 0.08 * (eq - current)
-        new_kl = max(0.0, current + update + noise_scale * z_kl[step])
-        score = reward_scale * (2.0 * (1.0 - math.exp(-new_kl / 5.0)) + 0.08 * max(0.0, new_kl - 10.0))
-        kl_values.append(new_kl)
-        reward_values.append(score + noise_scale * z_reward[step])
-    return np.array(kl_values), np.array(reward_values)
-
-
-def reference_controlled(controller, z_kl, z_reward, kl_noise=0.08, reward_noise=0.05, n_steps=1):
-    """Handbook §10 ``simulate_training_with_controller`` for one run, driving the *stateful*
-    controller through ``update`` (so the vectorised ``next_beta`` path is checked against it)."""
-    init_beta = controller.value
-    current_kl = 0.5
-    kls, betas, rewards = [current_kl], [init_beta], [1.5 * (1 - math.exp(-current_kl / 5.0))]
-    for step in range(len(z_kl)):
-        beta = controller.value
-        current_kl = max(0.1, current_kl + 0.14 - 0.08 * beta * current_kl + kl_noise * z_kl[step])
-        rewards.append(1.5 * (1 - math.exp(-current_kl / 5.0)) + reward_noise * z_reward[step])
-        kls.append(current_kl)
-        betas.append(controller.update(current_kl, n_steps))
-    kls, rewards = np.array(kls), np.array(rewards)
-    return kls, np.array(betas), rewards, rewards - init_beta * kls
+def one_seed(noise, n):
+    """Seed ``n`` of ``noise`` on its own, to run the same function one seed at a time."""
+    return TrainingNoise(kl=noise.kl[n : n + 1], reward=noise.reward[n : n + 1])
 
 
 # ------------------------------------------------------------------------------------------
@@ -77,20 +51,46 @@ def test_trajectory_shapes_and_start():
     assert not res.kl.flags.writeable
 
 
+def test_trajectory_step_by_hand():
+    # KL* = 18 / (1 + 8 * 0.25) = 6: one step closes 8 % of the gap, plus the kick σ ε.
+    assert trajectory_step(0.0, 0.25, 0.0, 0.08) == pytest.approx(0.48)
+    assert trajectory_step(0.98, 0.25, 2.0, 0.5) == pytest.approx(0.98 + 0.08 * (6 - 0.98) + 1.0)
+    assert trajectory_step(0.98, 0.25, -4.0, 0.5) == 0.0  # 0.98 + 0.4016 - 2 < 0: floored
+    assert trajectory_step(6.0, 0.25, 0.0, 0.08) == 6.0  # the equilibrium is a fixed point
+    np.testing.assert_allclose(trajectory_step(np.zeros(2), np.array([0.0, 0.25]), 0.0, 0.08),
+                               [0.08 * 18.0, 0.08 * 6.0])
+
+
+def test_trajectory_first_steps_by_hand():
+    noise = TrainingNoise(kl=np.array([[1.0, -4.0]]), reward=np.array([[0.0, 1.0]]))
+    res = simulate_training_trajectory([0.25], noise_scale=0.5, reward_scale=2.0, noise=noise)
+    # KL_1 = 0.08 * 6 + 0.5 * 1 = 0.98; KL_2 = max(0, 0.98 + 0.08 * 5.02 - 2) = 0.
+    np.testing.assert_allclose(res.kl[0, 0], [0.0, 0.98, 0.0], atol=1e-15)
+    # r_1 = 2 * 2 (1 - exp(-0.98 / 5)) + 0; r_2 = 2 * 2 (1 - exp(0)) + 0.5 * 1 = 0.5.
+    np.testing.assert_allclose(res.reward[0, 0], [0.0, 4 * (1 - math.exp(-0.196)), 0.5], atol=1e-15)
+
+
 @pytest.mark.parametrize("reward_scale, noise_scale", [(1.0, 0.08), (2.5, 0.3)])
-def test_trajectory_reproduces_scalar_recursion(reward_scale, noise_scale):
+def test_trajectory_vectorised_equals_one_seed_and_one_beta_at_a_time(reward_scale, noise_scale):
     noise = draw_training_noise(n_seeds=4, n_steps=60, rng=np.random.default_rng(1))
     res = simulate_training_trajectory(
         BETAS, reward_scale=reward_scale, noise_scale=noise_scale, noise=noise
     )
     for k, beta in enumerate(BETAS):
         for n in range(4):
-            kl, reward = reference_trajectory(
-                beta, noise.kl[n], noise.reward[n], reward_scale, noise_scale
+            alone = simulate_training_trajectory(
+                [beta], reward_scale=reward_scale, noise_scale=noise_scale, noise=one_seed(noise, n)
             )
             # KL uses only +, -, *, max in the same order: identical to the last bit.
-            np.testing.assert_array_equal(res.kl[k, n], kl)
-            np.testing.assert_allclose(res.reward[k, n], reward, rtol=1e-13, atol=1e-14)
+            np.testing.assert_array_equal(res.kl[k, n], alone.kl[0, 0])
+            np.testing.assert_allclose(res.reward[k, n], alone.reward[0, 0], rtol=1e-13, atol=1e-14)
+    # Each recorded step is the model's own step from the previous one, with that step's kick.
+    for t in range(60):
+        expected = trajectory_step(res.kl[:, :, t], np.array(BETAS)[:, None], noise.kl[:, t], noise_scale)
+        np.testing.assert_array_equal(res.kl[:, :, t + 1], expected)
+    np.testing.assert_allclose(res.reward[..., 1:],
+                               learned_reward(res.kl[..., 1:], reward_scale) + noise_scale * noise.reward,
+                               rtol=1e-13, atol=1e-14)
 
 
 def test_trajectory_floor_is_hit_with_large_noise():
@@ -149,19 +149,44 @@ CONTROLLERS = [
 ]
 
 
+def test_controlled_step_by_hand():
+    # 0.5 + 0.14 - 0.08 * 0.1 * 0.5 + 0.08 * 1 = 0.716
+    assert controlled_step(0.5, 0.1, 1.0, 0.08) == pytest.approx(0.716)
+    for beta in (0.1, 0.5, 1.0):  # with β fixed and no noise, KL = 1.75 / β is a fixed point
+        assert controlled_step(1.75 / beta, beta, 0.0, 0.08) == pytest.approx(1.75 / beta)
+    assert controlled_step(0.2, 0.1, -5.0, 0.08) == 0.1  # floored at 0.1
+
+
+def _fresh(template):
+    """A controller of its own with the template's settings and (empty) history."""
+    assert len(template.history.kl) == 0
+    return copy.deepcopy(template)
+
+
 @pytest.mark.parametrize("template", CONTROLLERS, ids=lambda c: type(c).__name__)
-def test_controlled_reproduces_scalar_recursion(template):
+def test_controlled_loop_wiring(template):
     noise = draw_training_noise(n_seeds=3, n_steps=120, rng=np.random.default_rng(5))
     res = simulate_training_with_controller(template, noise=noise, samples_per_update=8)
     assert res.kl.shape == res.beta.shape == res.reward.shape == (1, 3, 121)
+    kl, beta = res.kl[0], res.beta[0]
+    # 1. each KL is the model's step from the previous KL under the β then in force;
+    for t in range(120):
+        step = controlled_step(kl[:, t], beta[:, t], noise.kl[:, t], 0.08)
+        np.testing.assert_array_equal(kl[:, t + 1], step)
+    # 2. the reward is the noise-free curve plus its measurement noise (the start noise-free);
+    np.testing.assert_allclose(res.reward[0, :, 1:], controlled_reward(kl[:, 1:]) + 0.05 * noise.reward,
+                               rtol=1e-13, atol=1e-14)
+    assert np.all(res.reward[..., 0] == controlled_reward(0.5))
     for n in range(3):
-        fresh = type(template)(**{k: getattr(template, k) for k in template.__dataclass_fields__
-                                  if not k.startswith("_")})
-        kl, beta, reward, pen = reference_controlled(fresh, noise.kl[n], noise.reward[n], n_steps=8)
-        np.testing.assert_array_equal(res.kl[0, n], kl)
-        np.testing.assert_array_equal(res.beta[0, n], beta)
-        np.testing.assert_allclose(res.reward[0, n], reward, rtol=1e-13, atol=1e-14)
-        np.testing.assert_allclose(res.penalized_reward[0, n], pen, rtol=1e-12, atol=1e-13)
+        # 3. β is what the *stateful* controller returns when fed the same KL values one by one
+        #    (so the vectorised next_beta path is checked against update);
+        fresh = _fresh(template)
+        np.testing.assert_array_equal(beta[n], [fresh.value] + [fresh.update(x, 8) for x in kl[n, 1:]])
+        # 4. and seed n run alone gives the same run.
+        alone = simulate_training_with_controller(template, noise=one_seed(noise, n), samples_per_update=8)
+        np.testing.assert_array_equal(alone.kl[0, 0], kl[n])
+        np.testing.assert_array_equal(alone.beta[0, 0], beta[n])
+    np.testing.assert_allclose(res.penalized_reward, res.reward - 0.1 * res.kl, rtol=1e-12, atol=1e-13)
     # The template controller itself was not touched.
     assert len(template.history.kl) == 0
 
@@ -170,11 +195,10 @@ def test_handbook_exponential_rule_written_out():
     """The handbook's inline rule (β *= exp(0.12 (KL − 6)/6), clipped to [0.02, 0.5])."""
     noise = draw_training_noise(n_seeds=1, n_steps=200, rng=np.random.default_rng(6))
     res = simulate_training_with_controller(ExponentialKLController(), noise=noise)
-    beta, kl = 0.1, 0.5
+    beta = 0.1
     for step in range(200):
         assert res.beta[0, 0, step] == pytest.approx(beta, rel=1e-12)
-        kl = max(0.1, kl + 0.14 - 0.08 * beta * kl + 0.08 * noise.kl[0, step])
-        beta = float(np.clip(beta * np.exp(0.12 * (kl - 6.0) / 6.0), 0.02, 0.5))
+        beta = float(np.clip(beta * np.exp(0.12 * (res.kl[0, 0, step + 1] - 6.0) / 6.0), 0.02, 0.5))
 
 
 def test_fixed_controller_keeps_beta_and_settles_at_closed_form():
@@ -206,6 +230,14 @@ def test_penalized_reward_uses_initial_beta():
     for k, b0 in enumerate([0.05, 0.2]):
         np.testing.assert_allclose(res.penalized_reward[k], res.reward[k] - b0 * res.kl[k])
     assert np.all(res.kl >= 0.1) and np.all(res.kl[..., 0] == 0.5)
+    assert not res.penalized_reward.flags.writeable
+    # At another price, every row pays the same β.
+    np.testing.assert_allclose(res.penalized_reward_at(0.3), res.reward - 0.3 * res.kl)
+    np.testing.assert_array_equal(res.penalized_reward_at(0.05)[0], res.penalized_reward[0])
+    with pytest.raises(ValueError, match="beta"):
+        res.penalized_reward_at(-0.1)
+    with pytest.raises(TypeError, match="beta"):
+        res.penalized_reward_at("0.1")
 
 
 def test_same_seed_same_disturbances_across_controllers():

@@ -1,0 +1,114 @@
+"""Tests of kltutorial.bench: the baselines compute what they claim to, and bad cases fail before any run."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from kltutorial import bench
+from kltutorial.logprobs import naive_logprobs_for_tokens
+from kltutorial.simulate import TrainingNoise, draw_training_noise, simulate_training_trajectory
+
+
+def test_trl_style_baseline_matches_naive():
+    g = torch.Generator().manual_seed(0)
+    z = 2 * torch.randn(3, 7, 64, generator=g)
+    tokens = torch.randint(0, 64, (3, 7), generator=g)
+    torch.testing.assert_close(bench.trl_style_logprobs(z, tokens), naive_logprobs_for_tokens(z, tokens))
+    zb = z.bfloat16()
+    torch.testing.assert_close(bench.trl_style_logprobs(zb, tokens), naive_logprobs_for_tokens(zb, tokens))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Simulation benchmark
+
+
+def test_scalar_baseline_first_steps_by_hand():
+    kl, reward = bench.scalar_training_trajectory(0.25, np.array([1.0, -4.0]), np.array([0.0, 1.0]),
+                                                  noise_scale=0.5)
+    # KL* = 6: KL_1 = 0.08 * 6 + 0.5 = 0.98, KL_2 = max(0, 0.98 + 0.08 * 5.02 - 2) = 0.
+    np.testing.assert_allclose(kl, [0.0, 0.98, 0.0], atol=1e-15)
+    np.testing.assert_allclose(reward, [0.0, 2 * (1 - math.exp(-0.196)), 0.5], atol=1e-15)
+
+
+def test_scalar_baseline_equals_the_vectorised_simulation():
+    noise = draw_training_noise(3, 40, np.random.default_rng(0))
+    res = simulate_training_trajectory([0.0, 0.5], noise=noise)
+    for k, beta in enumerate([0.0, 0.5]):
+        for n in range(3):
+            kl, reward = bench.scalar_training_trajectory(beta, noise.kl[n], noise.reward[n])
+            np.testing.assert_array_equal(kl, res.kl[k, n])
+            np.testing.assert_allclose(reward, res.reward[k, n], rtol=1e-13, atol=1e-14)
+
+
+def test_simulation_benchmark():
+    result = bench.simulation_benchmark(betas=(0.0, 0.5), n_seeds=4, n_steps=30, repeats=1,
+                                        rng=np.random.default_rng(0))
+    assert result["max_abs_diff"] < 1e-9
+    assert (result["n_betas"], result["n_seeds"], result["n_steps"]) == (2, 4, 30)
+    assert result["vectorised_s"] > 0 and result["loop_s"] > 0
+    assert result["speedup"] == pytest.approx(result["loop_s"] / result["vectorised_s"])
+    with pytest.raises(TypeError, match="rng"):
+        bench.simulation_benchmark(n_seeds=2, n_steps=3, rng=0)
+    with pytest.raises(TypeError, match="rng"):
+        bench.simulation_benchmark(n_seeds=2, n_steps=3)  # randomness is passed in, never made here
+    with pytest.raises(ValueError, match="n_seeds"):
+        bench.simulation_benchmark(n_seeds=0, rng=np.random.default_rng(0))
+
+
+def test_scalar_baseline_needs_one_disturbance_of_each_kind_per_step():
+    noise = TrainingNoise(kl=np.zeros((1, 3)), reward=np.zeros((1, 3)))
+    with pytest.raises(ValueError):
+        bench.scalar_training_trajectory(0.1, noise.kl[0], noise.reward[0, :2])
+
+
+# ----------------------------------------------------------------------------------------------------
+# Log-prob benchmark
+
+
+def test_run_case_in_a_child_process():
+    result = bench.run_case("ours", (1, 4, 64), "float32", repeats=2)
+    assert set(result) == {"times", "peak_bytes", "input_bytes"}
+    assert len(result["times"]) == 2 and all(t > 0 for t in result["times"])
+    assert result["input_bytes"] == 1 * 4 * 64 * 4  # one float32 logits tensor
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, name",
+    [
+        ({"method": "fast"}, ValueError, "method"),
+        ({"dtype": "int8"}, ValueError, "dtype"),
+        ({"shape": (4, 64)}, ValueError, "shape"),
+        ({"shape": (1, 0, 64)}, ValueError, r"shape\[1\]"),
+        ({"repeats": 0}, ValueError, "repeats"),
+        ({"chunk_size": 0}, ValueError, "chunk_size"),
+    ],
+)
+def test_bad_cases_fail_before_running(kwargs, error, name):
+    case = {"method": "ours", "shape": (1, 4, 64), "dtype": "float32", "repeats": 1} | kwargs
+    with pytest.raises(error, match=name):
+        bench.run_case(**case)
+    with pytest.raises(error, match=name):
+        bench.measure(**case, generator=torch.Generator().manual_seed(0))
+
+
+def test_measure_takes_a_generator():
+    with pytest.raises(TypeError, match="generator"):
+        bench.measure("ours", (1, 4, 64), "float32", generator=0)
+
+
+def test_run_table_checks_every_case_first():
+    with pytest.raises(ValueError, match="dtype"):
+        bench.run_table(shapes=[(1, 4, 64)], dtypes=["float32", "float8"], methods=["amax"])
+
+
+def test_format_table():
+    row = bench.BenchRow(task="log-probs", method="ours", shape=(1, 4, 64), dtype="float32",
+                         median_s=0.5, peak_mib=2.0, peak_frac=0.25, vs_naive=0.5, vs_amax=2.0)
+    lines = bench.format_table([row]).splitlines()
+    assert len(lines) == 3 and lines[0].split()[:2] == ["task", "method"]
+    assert lines[2].split() == ["log-probs", "ours", "1x4x64", "float32", "0.5000", "2.0", "25.0%",
+                                "0.50", "2.00"]
