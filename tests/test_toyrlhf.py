@@ -221,39 +221,3 @@ def test_command_line(capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit):
             toy.main(bad)
         assert name in capsys.readouterr().err
-
-
-# --- figures (kltutorial.plotting, §11 section) ---------------------------------------------
-
-
-def test_section_11_plots_draw_what_they_are_given(task: toy.ToyTask) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from kltutorial import plotting
-
-    front = toy.exact_frontier(task, [2.0, 1.0, 0.5])
-    points = {"beta": np.array([1.0]), "kl": front.kl[1:2], "proxy": front.proxy[1:2],
-              "gold": front.gold[1:2]}
-    axes = plotting.plot_toy_frontier(front, points=points)
-    assert axes.shape == (2,) and "nats" in axes[0].get_xlabel()
-    np.testing.assert_allclose(axes[1].lines[0].get_ydata(), front.gold)
-    dists = {"π_ref": toy.bang_count_distribution(task, task.ref_logprobs)}
-    ax = plotting.plot_bang_histogram(dists)
-    assert len(ax.containers) == 1 and len(ax.containers[0]) == toy.T + 1
-    kl = np.array([[0.0, 1.0, 2.0], [0.0, 1.5, 3.0]])
-    gold = np.array([[1.0, 2.0, 1.5], [1.0, 2.0, 2.5]])
-    ax_curves, _ = plotting.plot_data_sweep([10, 100], kl, gold)
-    assert len(ax_curves.get_legend().get_texts()) == 2
-    with pytest.raises(ValueError, match="kl and gold"):
-        plotting.plot_data_sweep([10], kl, gold)
-    run = toy.train_policy(task, beta=1.0, steps=3, batch_size=8)
-    grid = plotting.plot_toy_controllers({"fixed": run}, target_kl=1.0)
-    assert grid.shape == (2, 2) and grid[0, 1].get_yscale() == "log"
-    ex = {"β = 1": toy.per_position_kl(task, run.logprobs)}
-    panels = plotting.plot_toy_token_kl(ex, {"β = 1": (ex["β = 1"], np.zeros(toy.T))}, betas=[1.0],
-                                        illustrative={"pattern": np.ones(10)})
-    assert panels.shape == (2,) and "not measured" in panels[1].get_title()
-    plt.close("all")
