@@ -396,24 +396,3 @@ BAD_INPUTS = [
 def test_bad_input_raises(call, error, match):
     with pytest.raises(error, match=match):
         call()
-
-
-# ----------------------------------------------------------------------------------------------------
-# The benchmark's baselines compute what they claim to
-
-
-def test_trl_style_baseline_matches_naive():
-    from kltutorial.bench import trl_style_logprobs
-
-    z = random_logits((3, 7, 64))
-    tokens = random_tokens((3, 7), 64)
-    torch.testing.assert_close(trl_style_logprobs(z, tokens), naive_logprobs_for_tokens(z, tokens))
-    zb = z.bfloat16()
-    torch.testing.assert_close(trl_style_logprobs(zb, tokens), naive_logprobs_for_tokens(zb, tokens))
-
-
-def test_scalar_simulation_baseline_matches_vectorised():
-    from kltutorial.bench import simulation_benchmark
-
-    result = simulation_benchmark(betas=(0.0, 0.5), n_seeds=4, n_steps=30, repeats=1)
-    assert result["max_abs_diff"] < 1e-9
