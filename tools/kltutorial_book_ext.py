@@ -15,11 +15,18 @@ page ("Identifier 'THEBE_JS_URL' has already been declared"); sphinx-togglebutto
 The handler below runs last on ``html-page-context`` and drops any script whose
 filename (``None`` read as ``''``), priority and attributes (inline body included)
 repeat an earlier one, keeping the first.
+
+Page fixes
+----------
+``tools/static`` is added to the HTML static path, and ``kltutorial.js`` /
+``kltutorial.css`` to every page: the sidebar buttons that the themes leave
+unbound (see the script's header) and the book's own layout rules.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from sphinx.application import Sphinx
@@ -51,6 +58,16 @@ def dedupe_scripts(app: Sphinx, pagename: str, templatename: str,
     scripts[:] = unique
 
 
+STATIC = Path(__file__).resolve().parent / "static"
+
+
+def add_static_path(app: Sphinx) -> None:
+    app.config.html_static_path.append(str(STATIC))
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("html-page-context", dedupe_scripts, priority=900)
+    app.connect("builder-inited", add_static_path)
+    app.add_js_file("kltutorial.js", loading_method="defer")
+    app.add_css_file("kltutorial.css")
     return {"parallel_read_safe": True, "parallel_write_safe": True, "version": "1.0"}
