@@ -116,3 +116,17 @@ def test_exact_text_mode_is_what_the_plugin_relaxes(tmp_path: Path) -> None:
     for cell, (case, _) in enumerate(expected):
         if case in relaxed:
             assert cases[cell].find("failure") is not None, f"{case} passes even as exact text"
+
+
+def test_json_outputs_are_compared_item_by_item() -> None:
+    from tools.nbval_numeric import _compare_values
+
+    stored = {"data": [{"x": [0.1, 0.30000000000000004], "name": "beta"}], "n": 3}
+    one_ulp = {"data": [{"x": [0.1, 0.3000000000000001], "name": "beta"}], "n": 3}
+    assert _compare_values(stored, one_ulp) is None
+    changed = {"data": [{"x": [0.1, 0.303], "name": "beta"}], "n": 3}
+    where = "['data'] [0] ['x'] [1] stored 0.30000000000000004, got 0.303"
+    assert where in str(_compare_values(stored, changed))
+    assert "stored 3, got 4" in str(_compare_values(stored, {**stored, "n": 4}))
+    assert "stored 3, got 3.0" in str(_compare_values(stored, {**stored, "n": 3.0}))
+    assert "keys" in str(_compare_values(stored, {"data": stored["data"]}))

@@ -166,14 +166,33 @@ def compare_text(reference: str, output: str) -> Mismatch | None:
     return None
 
 
-def _compare_values(reference: object, output: object) -> Mismatch | None:
+def _compare_values(reference: object, output: object, where: str = "") -> Mismatch | None:
+    """Texts as :func:`compare_text`; JSON outputs (dicts, lists) item by item, floats within REL_TOL."""
     if isinstance(reference, str) and isinstance(output, str):
-        return compare_text(reference, output)
-    if isinstance(reference, list) and isinstance(output, list):  # a multi-line string kept as lines
-        return compare_text("".join(map(str, reference)), "".join(map(str, output)))
-    if reference != output:
-        return Mismatch(f"stored {reference!r}, got {output!r}")
-    return None
+        mismatch = compare_text(reference, output)
+        return Mismatch(f"{where}{mismatch}") if mismatch and where else mismatch
+    if isinstance(reference, dict) and isinstance(output, dict):
+        if reference.keys() != output.keys():
+            return Mismatch(f"{where}keys {sorted(reference)} stored, {sorted(output)} now")
+        for key in reference:
+            mismatch = _compare_values(reference[key], output[key], f"{where}[{key!r}] ")
+            if mismatch:
+                return mismatch
+        return None
+    if isinstance(reference, list) and isinstance(output, list):
+        if len(reference) != len(output):
+            return Mismatch(f"{where}{len(reference)} items stored, {len(output)} now")
+        for k, (a, b) in enumerate(zip(reference, output, strict=True)):
+            mismatch = _compare_values(a, b, f"{where}[{k}] ")
+            if mismatch:
+                return mismatch
+        return None
+    if isinstance(reference, float) and isinstance(output, float) and not isinstance(reference, bool):
+        if reference == output or abs(reference - output) <= REL_TOL * max(abs(reference), abs(output)):
+            return None
+    elif reference == output and type(reference) is type(output):
+        return None
+    return Mismatch(f"{where}stored {reference!r}, got {output!r}")
 
 
 def _flatten(outputs: Iterable[Mapping], skip: Iterable[str], sanitize) -> dict[str, list]:
