@@ -1,29 +1,38 @@
 """Input checks shared by every public function of the package.
 
-Each check raises ``TypeError`` (wrong kind of object) or ``ValueError`` (right kind, wrong value) with a
-message that names the argument and says what was expected, so that a wrong call fails at the boundary
-instead of returning a silently wrong number.
+Each public function checks its input once, with the checks below, and then calls private helpers that
+trust their caller. Each check raises ``TypeError`` (wrong kind of object) or ``ValueError`` (right kind,
+wrong value) with a message that names the argument and says what was expected, so that a wrong call
+fails at the boundary instead of returning a silently wrong number.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 import torch
 
 __all__ = [
     "check_float_tensor",
+    "check_logits",
+    "check_tensor_pair",
     "check_token_ids",
     "check_mask",
     "check_same_shape",
+    "check_scores",
+    "check_real",
     "check_coef",
     "check_positive",
+    "check_greater",
     "check_positive_int",
+    "check_nonnegative_int",
+    "check_seed",
     "check_choice",
     "check_rng",
     "check_generator",
+    "one_spelling",
 ]
 
 
@@ -31,37 +40,76 @@ def _shape(t: torch.Tensor) -> str:
     return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
+# ----------------------------------------------------------------------------------------------------
+# Tensors
+
+
+def _check_float_kind(x: object, name: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not torch.is_floating_point(x):
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    return x
+
+
 def check_float_tensor(
     x: object,
     name: str,
     ndim: int | Sequence[int] | None = None,
     allow_inf: bool = False,
-    allow_empty: bool = False,
 ) -> torch.Tensor:
-    """Check that ``x`` is a floating-point tensor of the given rank with no NaN (and no inf unless allowed).
+    """Check a non-empty floating-point tensor of the given rank with no NaN (and no inf unless allowed).
 
     ``-inf`` is allowed with ``allow_inf`` (logits of tokens masked out of the vocabulary); ``+inf`` never.
+    This scans the whole tensor; for logits, :func:`check_logits` checks only the cheap properties.
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not torch.is_floating_point(x):
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    _check_float_kind(x, name)
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if x.dim() not in allowed:
             want = " or ".join(str(d) for d in allowed)
             raise ValueError(f"{name} must have {want} dimensions, got shape {_shape(x)}")
-    if not allow_empty and x.numel() == 0:
+    if x.numel() == 0:
         raise ValueError(f"{name} must not be empty, got shape {_shape(x)}")
-    if x.numel():
-        if torch.isnan(x).any():
-            raise ValueError(f"{name} contains NaN")
-        if allow_inf:
-            if torch.isposinf(x).any():
-                raise ValueError(f"{name} contains +inf; only -inf (an impossible token) is allowed")
-        elif torch.isinf(x).any():
-            raise ValueError(f"{name} contains inf; expected finite values")
+    if torch.isnan(x).any():
+        raise ValueError(f"{name} contains NaN")
+    if allow_inf:
+        if torch.isposinf(x).any():
+            raise ValueError(f"{name} contains +inf; only -inf (an impossible token) is allowed")
+    elif torch.isinf(x).any():
+        raise ValueError(f"{name} contains inf; expected finite values")
     return x
+
+
+def check_logits(x: object, name: str) -> torch.Tensor:
+    """Check a non-empty floating-point (B, T, V) tensor of logits, without reading its values.
+
+    Scanning logits for NaN reads them once more and allocates a (B, T, V) boolean mask; the lean
+    kernels of :mod:`kltutorial.logprobs` find NaN, ``+inf`` and all ``-inf`` rows in the rows they
+    normalise anyway, so only the shape and dtype are checked here.
+    """
+    _check_float_kind(x, name)
+    if x.dim() != 3:
+        raise ValueError(f"{name} must have 3 dimensions (B, T, V), got shape {_shape(x)}")
+    if x.numel() == 0:
+        raise ValueError(f"{name} must not be empty, got shape {_shape(x)}")
+    return x
+
+
+def check_same_shape(a: torch.Tensor, a_name: str, b: torch.Tensor, b_name: str) -> None:
+    """Check that two tensors have the same shape."""
+    if a.shape != b.shape:
+        raise ValueError(
+            f"{a_name} and {b_name} must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
+
+
+def check_tensor_pair(a: object, a_name: str, b: object, b_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check two finite, non-empty floating-point tensors of the same shape (e.g. two models' log-probs)."""
+    check_float_tensor(a, a_name)
+    check_float_tensor(b, b_name)
+    check_same_shape(a, a_name, b, b_name)
+    return a, b
 
 
 def check_token_ids(tokens: object, name: str, shape: torch.Size, vocab_size: int) -> torch.Tensor:
@@ -99,18 +147,36 @@ def check_mask(mask: object, name: str, shape: torch.Size) -> torch.Tensor:
     return mask.bool()
 
 
-def check_same_shape(a: torch.Tensor, a_name: str, b: torch.Tensor, b_name: str) -> None:
-    """Check that two tensors have the same shape."""
-    if a.shape != b.shape:
+def check_scores(scores: object, name: str, batch: int) -> torch.Tensor:
+    """Check one finite floating-point score per sequence: shape ``(batch,)``."""
+    check_float_tensor(scores, name, ndim=1)
+    if scores.shape[0] != batch:
         raise ValueError(
-            f"{a_name} and {b_name} must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}"
+            f"{name} must have shape ({batch},), one score per sequence, got {tuple(scores.shape)}"
         )
+    return scores
+
+
+# ----------------------------------------------------------------------------------------------------
+# Numbers
 
 
 def _as_real(x: object, name: str) -> float:
     if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
     return float(x)
+
+
+def check_real(x: object, name: str) -> float:
+    """Check a finite real number; a 0-d tensor or array (e.g. ``kl.mean()``) is accepted and unwrapped."""
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        if x.ndim != 0:
+            raise ValueError(f"{name} must be a single number, got an array of shape {tuple(x.shape)}")
+        x = x.item()  # a bool or complex element is then rejected like a bool or complex number
+    v = _as_real(x, name)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be a finite number, got {v}")
+    return v
 
 
 def check_coef(x: object, name: str) -> float:
@@ -123,22 +189,49 @@ def check_coef(x: object, name: str) -> float:
 
 def check_positive(x: object, name: str) -> float:
     """Check a finite, strictly positive number; return it as float."""
+    return check_greater(x, name, 0.0)
+
+
+def check_greater(x: object, name: str, bound: float) -> float:
+    """Check a finite number strictly greater than ``bound``; return it as float."""
     v = _as_real(x, name)
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {v}")
+    if not math.isfinite(v) or v <= bound:
+        raise ValueError(f"{name} must be a finite number > {bound:g}, got {v}")
     return v
+
+
+def _as_int(x: object, name: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+    return int(x)
 
 
 def check_positive_int(x: object, name: str) -> int:
     """Check a strictly positive integer."""
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
-    if x < 1:
-        raise ValueError(f"{name} must be >= 1, got {x}")
-    return int(x)
+    v = _as_int(x, name)
+    if v < 1:
+        raise ValueError(f"{name} must be >= 1, got {v}")
+    return v
 
 
-def check_choice(x: object, name: str, choices: Sequence[str]) -> str:
+def check_nonnegative_int(x: object, name: str) -> int:
+    """Check an integer >= 0 (a count that may be zero)."""
+    v = _as_int(x, name)
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0, got {v}")
+    return v
+
+
+def check_seed(seed: object, name: str = "seed") -> int:
+    """Check a seed for ``np.random.default_rng`` or ``torch.Generator().manual_seed``: an int >= 0."""
+    return check_nonnegative_int(seed, name)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Choices, generators, spellings
+
+
+def check_choice(x: object, name: str, choices: Collection[str]) -> str:
     """Check that ``x`` is one of ``choices``."""
     if not isinstance(x, str) or x not in choices:
         raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {x!r}")
@@ -163,3 +256,17 @@ def check_generator(generator: object, name: str = "generator") -> torch.Generat
             f"got {type(generator).__name__}"
         )
     return generator
+
+
+def one_spelling(**spellings: object) -> tuple[str, object]:
+    """Return ``(name, value)`` of the one spelling of an argument that was passed (not ``None``).
+
+    The first keyword is the book's name, the others the aliases a library uses (``beta``,
+    ``init_kl_coef``, ``kl_coef``). Passing two spellings of one argument is a ``TypeError`` that
+    names both; passing none returns ``(first name, None)``, for the caller to apply its default.
+    """
+    given = [(n, v) for n, v in spellings.items() if v is not None]
+    if len(given) > 1:
+        names = " and ".join(n for n, _ in given)
+        raise TypeError(f"{names} are spellings of the same argument; pass only one of them")
+    return given[0] if given else (next(iter(spellings)), None)

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from kltutorial._validation import (
+    check_logits,
     check_mask,
     check_positive_int,
     check_same_shape,
@@ -87,24 +88,13 @@ def chunk_rows(vocab_size: int, chunk_size: int | None = None) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Input checks. _validation.check_float_tensor scans the whole tensor for NaN/inf, which reads the logits
-# once more and allocates a (B, T, V) boolean mask (a quarter of float32 logits). The lean functions
-# check only the cheap properties up front and find NaN/+inf in the rows they normalise anyway: a row
-# holding a NaN or +inf logit, or only -inf logits, has an all-NaN log-softmax, while a valid row never
-# has a NaN one. So one NaN test on one number per row (B*T numbers, not B*T*V) catches every bad row;
-# the rare bad row is then read again to say what is wrong with it.
-
-
-def _check_logits(x: object, name: str) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not torch.is_floating_point(x):
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-    if x.dim() != 3:
-        raise ValueError(f"{name} must have 3 dimensions (B, T, V), got shape {tuple(x.shape)}")
-    if x.numel() == 0:
-        raise ValueError(f"{name} must not be empty, got shape {tuple(x.shape)}")
-    return x
+# Input checks. Each public function checks its arguments once, with _validation's checks, and the
+# kernels below trust them. _validation.check_float_tensor would scan the whole tensor for NaN/inf, which
+# reads the logits once more and allocates a (B, T, V) boolean mask (a quarter of float32 logits), so the
+# public functions only run check_logits (dtype, rank, non-empty) and the kernels find NaN/+inf in the
+# rows they normalise anyway: a row holding a NaN or +inf logit, or only -inf logits, has an all-NaN
+# log-softmax, while a valid row never has a NaN one. So one NaN test on one number per row (B*T numbers,
+# not B*T*V) catches every bad row; the rare bad row is then read again to say what is wrong with it.
 
 
 def _raise_if_bad_rows(probe: torch.Tensor, x: torch.Tensor, name: str) -> None:
@@ -273,16 +263,29 @@ def get_logprobs_for_tokens(
     per chunk; with several OpenMP threads on a busy machine each call may wait for a thread to be
     scheduled (see :mod:`kltutorial.bench`), which one thread avoids.
 
+    The libraries return log-probs in the logits' own dtype: TRL's ``selective_log_softmax``
+    (``trl/trainer/utils.py``) and OpenRLHF's ``log_probs_from_logits`` (``openrlhf/models/utils.py``)
+    gather the chosen logit and subtract a row-wise log-sum-exp for float32 logits, and run
+    ``log_softmax`` one sequence at a time for half precision, so bfloat16 logits give bfloat16 log-probs
+    (8 bits of mantissa, about 0.4 % relative error) that then go into the KL. Here every chunk is
+    computed in float32 (float64 stays float64).
+
     Examples
     --------
     >>> logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0]]])
     >>> get_logprobs_for_tokens(logits, torch.tensor([[2]]))  # log(1/4)
     tensor([[-1.3863]])
     """
-    logits = _check_logits(logits, "logits")
-    B, T, V = logits.shape
-    tokens = check_token_ids(tokens, "tokens", logits.shape[:-1], V)
-    return _TokenLogprobs.apply(logits, tokens.long(), chunk_rows(V, chunk_size))
+    logits = check_logits(logits, "logits")
+    tokens = check_token_ids(tokens, "tokens", logits.shape[:-1], logits.shape[-1])
+    return _token_logprobs_trusted(logits, tokens, chunk_size)
+
+
+def _token_logprobs_trusted(
+    logits: torch.Tensor, tokens: torch.Tensor, chunk_size: int | None = None
+) -> torch.Tensor:
+    """:func:`get_logprobs_for_tokens` for a caller that has already checked ``logits`` and ``tokens``."""
+    return _TokenLogprobs.apply(logits, tokens.long(), chunk_rows(logits.shape[-1], chunk_size))
 
 
 def naive_logprobs_for_tokens(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -302,7 +305,7 @@ def naive_logprobs_for_tokens(logits: torch.Tensor, tokens: torch.Tensor) -> tor
     -------
     Tensor, shape (B, T), the logits' dtype
     """
-    logits = _check_logits(logits, "logits")
+    logits = check_logits(logits, "logits")
     tokens = check_token_ids(tokens, "tokens", logits.shape[:-1], logits.shape[-1])
     logp = F.log_softmax(logits, dim=-1)  # (B, T, V): the copy the lean version avoids
     return logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
@@ -412,7 +415,7 @@ def exact_kl(
     *,
     chunk_size: int | None = None,
 ) -> torch.Tensor:
-    """Exact KL(pi || pi_ref) over the whole vocabulary at every position (TRL's "full" estimator).
+    """Exact KL(pi || pi_ref) over the whole vocabulary at every position (the ``full`` estimator).
 
     .. math:: \\mathrm{KL}_{b,t} = \\sum_{v=1}^{V} p_v (\\log p_v - \\log q_v), \\qquad
               p = \\mathrm{softmax}(z_{b,t}), \\; q = \\mathrm{softmax}(w_{b,t})
@@ -447,6 +450,12 @@ def exact_kl(
     (\\log p_v - \\log q_v - \\mathrm{KL})` and :math:`\\partial \\mathrm{KL} / \\partial w_v =
     q_v - p_v`, recomputed chunk by chunk in the backward (not finite where the KL is infinite).
 
+    Of the libraries only TRL (up to v0.11, ``kl_penalty="full"``) computes this, as
+    ``F.kl_div(ref_logprob, logprob, log_target=True).sum(-1)`` over full log-softmax tensors in the
+    logits' dtype: NaN wherever the policy's logit is ``-inf`` (:math:`0 \\cdot (-\\infty)`), where
+    this function follows 0 log 0 = 0. verl accepts ``"full"`` and raises ``NotImplementedError``;
+    OpenRLHF has no such option.
+
     Examples
     --------
     >>> z = torch.log(torch.tensor([[[0.5, 0.5]]]))
@@ -454,12 +463,22 @@ def exact_kl(
     >>> exact_kl(z, w)  # 0.5 log 2 + 0.5 log(2/3)
     tensor([[0.1438]])
     """
-    policy_logits = _check_logits(policy_logits, "policy_logits")
-    reference_logits = _check_logits(reference_logits, "reference_logits")
+    policy_logits = check_logits(policy_logits, "policy_logits")
+    reference_logits = check_logits(reference_logits, "reference_logits")
     check_same_shape(policy_logits, "policy_logits", reference_logits, "reference_logits")
     mask = None
     if attention_mask is not None:
         mask = check_mask(attention_mask, "attention_mask", policy_logits.shape[:-1])
+    return _exact_kl_trusted(policy_logits, reference_logits, mask, chunk_size)
+
+
+def _exact_kl_trusted(
+    policy_logits: torch.Tensor,
+    reference_logits: torch.Tensor,
+    mask: torch.Tensor | None,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """:func:`exact_kl` for a caller that has already checked the logits and made ``mask`` boolean."""
     rows = chunk_rows(policy_logits.shape[-1], chunk_size)
     return _ExactKL.apply(policy_logits, reference_logits, mask, rows)
 
@@ -486,8 +505,8 @@ def naive_exact_kl(
     -------
     Tensor, shape (B, T)
     """
-    policy_logits = _check_logits(policy_logits, "policy_logits")
-    reference_logits = _check_logits(reference_logits, "reference_logits")
+    policy_logits = check_logits(policy_logits, "policy_logits")
+    reference_logits = check_logits(reference_logits, "reference_logits")
     check_same_shape(policy_logits, "policy_logits", reference_logits, "reference_logits")
     logp = F.log_softmax(policy_logits, dim=-1)  # (B, T, V)
     logq = F.log_softmax(reference_logits, dim=-1)  # (B, T, V)
