@@ -7,7 +7,7 @@ re-implement it. One concept per module:
 module                      what it holds                                       sections
 ==========================  ==================================================  =========
 ``logprobs``                log-probs of chosen tokens; exact per-position KL   8, 12
-``estimators``              k1 / k2 / k3 / abs estimators, masking, reduction   4, 8
+``estimators``              registry of KL estimators; masking, reduction       4, 8, 9
 ``objective``               per-token reward shaping; the penalised objective   5, 8
 ``controllers``             fixed, proportional, doubling, exponential beta     7, 8
 ``simulate``                the (invented) training-dynamics models of §10      10
@@ -28,12 +28,20 @@ from .controllers import (
     FixedKLController,
     KLController,
 )
-from .estimators import ESTIMATORS, compute_token_kl, kl_estimate
+from .estimators import (
+    ESTIMATOR_ALIASES,
+    ESTIMATORS,
+    compute_token_kl,
+    get_estimator,
+    kl_estimate,
+    register_estimator,
+)
 from .logprobs import exact_kl, get_logprobs_for_tokens
 from .objective import compute_rlhf_objective, shape_rewards
 
 __all__ = [
     "ESTIMATORS",
+    "ESTIMATOR_ALIASES",
     "AdaptiveKLController",
     "ControllerHistory",
     "DoublingKLController",
@@ -43,8 +51,10 @@ __all__ = [
     "compute_rlhf_objective",
     "compute_token_kl",
     "exact_kl",
+    "get_estimator",
     "get_logprobs_for_tokens",
     "kl_estimate",
+    "register_estimator",
     "shape_rewards",
 ]
 

@@ -1,59 +1,90 @@
-"""The KL-penalised RLHF objective (book sections 5 and 8).
+r"""The KL-penalised RLHF objective (book sections 5 and 8).
 
 Two ways to put the penalty to work, both on log-probs of tokens sampled from the policy:
 
-- :func:`shape_rewards` folds it into per-token rewards, as lm-human-preferences, TRL's PPO trainer and
-  OpenRLHF do: :math:`r_t = -\\beta\\,\\mathrm{kl}_t`, with the sequence's score added at its last valid
-  token. A PPO/GAE learner then sees the penalty where it was incurred.
+- :func:`shape_rewards` folds it into per-token rewards, as lm-human-preferences, TRL's PPO trainer,
+  OpenRLHF and verl do: :math:`r_t = -\beta\,\mathrm{kl}_t`, with the sequence's score added at its last
+  valid token. A PPO/GAE learner then sees the penalty where it was incurred.
 - :func:`compute_rlhf_objective` computes the sequence-level objective
-  :math:`\\mathbb{E}[r(y)] - \\beta\\,\\mathrm{KL}` and the diagnostics worth logging, with the exact KL
+  :math:`\mathbb{E}[r(y)] - \beta\,\mathrm{KL}` and the diagnostics worth logging, with the exact KL
   over the whole vocabulary next to the sampled estimate.
+
+The KL coefficient is ``beta`` here, the book's :math:`\beta`; ``kl_coef`` (OpenRLHF's
+``compute_reward`` and the libraries' controllers) is accepted as another spelling of it.
+
+.. rubric:: How the libraries' reward shaping differs
+
+- **Padding.** TRL up to v0.11 (``PPOTrainer.compute_rewards``) and OpenRLHF (``compute_reward`` in
+  ``openrlhf/models/utils.py``) compute :math:`-\beta\,\mathrm{kl}_t` at every position and leave it at
+  the padded ones: mask the result yourself, or the padding's log-ratio leaks into the returns. verl's
+  ``apply_kl_penalty`` multiplies the KL by the response mask first, so padding gets 0, as here; here
+  ``torch.where`` is used, so an infinite estimate at a padded position still gives exactly 0 (a product
+  would give NaN). TRL's later ``PPOTrainer`` sets both models' log-probs at padding to the same constant,
+  which makes their k1 and k3 there 0.
+- **Where the score goes.** TRL (v0.11) adds it at the last position whose mask is 1, and OpenRLHF at the
+  last position whose action mask is 1, as here; lm-human-preferences adds it at the last position of the
+  fixed-length response; verl receives token-level scores already placed by its reward manager.
+- **Precision.** TRL and verl keep the log-probs in the model's dtype (bfloat16 log-probs give a
+  bfloat16 KL); OpenRLHF casts them to float32 inside ``compute_approx_kl``. Here
+  :func:`~kltutorial.logprobs.get_logprobs_for_tokens` returns float32 for half-precision logits and the
+  estimators compute in float32.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._validation import check_coef, check_float_tensor, check_mask, check_same_shape
-from .estimators import Estimator, compute_token_kl
-from .logprobs import exact_kl, get_logprobs_for_tokens
+from ._validation import (
+    check_coef,
+    check_float_tensor,
+    check_logits,
+    check_mask,
+    check_same_shape,
+    check_scores,
+    check_token_ids,
+    one_spelling,
+)
+from .estimators import Estimator, _estimate, _KLInputs, get_estimator
+from .logprobs import _exact_kl_trusted, _token_logprobs_trusted
 
 __all__ = ["shape_rewards", "compute_rlhf_objective"]
 
 
-def _check_scores(scores: object, name: str, batch: int) -> torch.Tensor:
-    check_float_tensor(scores, name, ndim=1)
-    if scores.shape[0] != batch:
-        raise ValueError(
-            f"{name} must have shape ({batch},), one score per sequence, got {tuple(scores.shape)}"
-        )
-    return scores
+def _check_beta(beta: object, kl_coef: object) -> float:
+    """The coefficient, passed as ``beta`` or as the libraries' ``kl_coef`` (not both)."""
+    name, value = one_spelling(beta=beta, kl_coef=kl_coef)
+    if value is None:
+        raise TypeError("the KL coefficient is required: pass beta (or kl_coef), a number >= 0")
+    return check_coef(value, name)
 
 
 def shape_rewards(
     scores: torch.Tensor,
     per_token_kl: torch.Tensor,
     attention_mask: torch.Tensor,
-    kl_coef: float,
+    beta: float | None = None,
+    *,
+    kl_coef: float | None = None,
 ) -> torch.Tensor:
     r"""Per-token rewards: the KL penalty at every token, the score at the last valid token.
 
     .. math::  r_t = -\beta\, \mathrm{kl}_t\, m_t + s \cdot [t = t_{\mathrm{last}}]
 
     where :math:`t_{\mathrm{last}}` is the last position with :math:`m_t = 1`. Summed over a sequence
-    this is :math:`s - \beta \sum_t \mathrm{kl}_t`, the sequence-level penalised reward.
+    this is :math:`s - \beta \sum_t \mathrm{kl}_t`, the sequence-level penalised reward. Unlike TRL's
+    and OpenRLHF's ``compute_reward(s)``, padded positions get exactly 0 (see the module docstring).
 
     Parameters
     ----------
     scores : Tensor, shape (B,)
         One reward-model score per sequence.
     per_token_kl : Tensor, shape (B, T)
-        Per-token KL estimates (e.g. from :func:`~kltutorial.compute_token_kl`).
+        Per-token KL estimates (e.g. from :func:`~kltutorial.estimators.compute_token_kl`).
     attention_mask : Tensor, shape (B, T)
         1 for response tokens, 0 for padding. Padding may sit anywhere (left or right); every sequence
         needs at least one valid token to receive its score.
-    kl_coef : float
-        :math:`\beta` >= 0.
+    beta : float
+        :math:`\beta` >= 0 (``kl_coef`` is accepted as another spelling).
 
     Returns
     -------
@@ -63,14 +94,14 @@ def shape_rewards(
     Examples
     --------
     >>> shape_rewards(torch.tensor([1.0]), torch.tensor([[0.5, 0.5, 9.0]]),
-    ...               torch.tensor([[1, 1, 0]]), kl_coef=0.1)
+    ...               torch.tensor([[1, 1, 0]]), beta=0.1)
     tensor([[-0.0500,  0.9500,  0.0000]])
     """
     check_float_tensor(per_token_kl, "per_token_kl", ndim=2)
     batch = per_token_kl.shape[0]
-    _check_scores(scores, "scores", batch)
+    check_scores(scores, "scores", batch)
     mask = check_mask(attention_mask, "attention_mask", per_token_kl.shape)
-    beta = check_coef(kl_coef, "kl_coef")
+    beta = _check_beta(beta, kl_coef)
     if not mask.any(dim=-1).all():
         empty = torch.nonzero(~mask.any(dim=-1)).flatten().tolist()
         raise ValueError(
@@ -91,16 +122,20 @@ def compute_rlhf_objective(
     response_tokens: torch.Tensor,
     rewards: torch.Tensor,
     attention_mask: torch.Tensor,
-    kl_coef: float,
+    beta: float | None = None,
     estimator: Estimator = "k1",
+    *,
+    kl_coef: float | None = None,
 ) -> dict[str, torch.Tensor | float]:
     r"""The KL-penalised objective :math:`\mathbb{E}[r] - \beta\,\mathrm{KL}` with its diagnostics.
 
-    1. log-probs of the response tokens under both models (:func:`get_logprobs_for_tokens`);
-    2. per-token KL estimates, summed over valid tokens (:func:`compute_token_kl`);
+    1. log-probs of the response tokens under both models
+       (:func:`~kltutorial.logprobs.get_logprobs_for_tokens`);
+    2. per-token KL estimates, summed over valid tokens (:func:`~kltutorial.estimators.compute_token_kl`);
     3. the penalised reward :math:`r - \beta\,\widehat{\mathrm{KL}}` per sequence, and its mean;
-    4. the exact KL over the vocabulary at each position, summed likewise (:func:`exact_kl`), which
-       the estimate should match on average when ``response_tokens`` were sampled from the policy.
+    4. the exact KL over the vocabulary at each position, summed likewise
+       (:func:`~kltutorial.logprobs.exact_kl`), which the estimate should match on average when
+       ``response_tokens`` were sampled from the policy.
 
     Parameters
     ----------
@@ -112,10 +147,11 @@ def compute_rlhf_objective(
         Reward-model scores.
     attention_mask : Tensor, shape (B, T)
         1 for response tokens, 0 for padding.
-    kl_coef : float
-        :math:`\beta` >= 0.
-    estimator : {"k1", "k2", "k3", "abs"}
-        The per-token KL estimator.
+    beta : float
+        :math:`\beta` >= 0 (``kl_coef`` is accepted as another spelling).
+    estimator : str
+        The per-token KL estimator, any name or alias in :data:`~kltutorial.estimators.ESTIMATORS`
+        (``"full"`` uses the logits, so its ``mean_kl`` is ``mean_exact_kl``).
 
     Returns
     -------
@@ -124,20 +160,29 @@ def compute_rlhf_objective(
         ``mean_kl`` (the estimate, per sequence), ``mean_exact_kl``, ``mean_penalized_reward``,
         ``kl_penalty`` (:math:`\beta` times ``mean_kl``) as floats, and ``per_token_kl`` (B, T).
     """
-    if isinstance(policy_logits, torch.Tensor) and isinstance(reference_logits, torch.Tensor):
-        check_same_shape(policy_logits, "policy_logits", reference_logits, "reference_logits")
-    policy_logprobs = get_logprobs_for_tokens(policy_logits, response_tokens)
-    reference_logprobs = get_logprobs_for_tokens(reference_logits, response_tokens)
-    batch = policy_logprobs.shape[0]
-    _check_scores(rewards, "rewards", batch)
-    check_mask(attention_mask, "attention_mask", policy_logprobs.shape)
-    beta = check_coef(kl_coef, "kl_coef")
+    # 0. check every input once; the helpers below trust them
+    check_logits(policy_logits, "policy_logits")
+    check_logits(reference_logits, "reference_logits")
+    check_same_shape(policy_logits, "policy_logits", reference_logits, "reference_logits")
+    shape = policy_logits.shape[:-1]  # (B, T)
+    tokens = check_token_ids(response_tokens, "response_tokens", shape, policy_logits.shape[-1])
+    check_scores(rewards, "rewards", shape[0])
+    mask = check_mask(attention_mask, "attention_mask", shape)
+    beta = _check_beta(beta, kl_coef)
+    spec = get_estimator(estimator)
 
-    per_token_kl, sequence_kl = compute_token_kl(
-        policy_logprobs, reference_logprobs, attention_mask, estimator=estimator, reduction="sum"
-    )
-    penalized = rewards.to(sequence_kl.dtype) - beta * sequence_kl  # r - β KL per sequence
-    exact = exact_kl(policy_logits, reference_logits, attention_mask).sum(dim=-1)
+    # 1. log-probs of the sampled tokens (NaN/+inf logits are caught here, row by row)
+    policy_logprobs = _token_logprobs_trusted(policy_logits, tokens)  # (B, T)
+    reference_logprobs = _token_logprobs_trusted(reference_logits, tokens)  # (B, T)
+    # 2. per-token estimate, masked, summed per sequence
+    inputs = _KLInputs(spec, None, None, policy_logprobs, reference_logprobs, policy_logits, reference_logits)
+    per_token_kl = _estimate(inputs, mask)
+    per_token_kl = torch.where(mask, per_token_kl, torch.zeros_like(per_token_kl))  # (B, T)
+    sequence_kl = per_token_kl.sum(dim=-1)  # (B,)
+    # 3. r - β KL per sequence
+    penalized = rewards.to(sequence_kl.dtype) - beta * sequence_kl
+    # 4. the exact KL beside the estimate
+    exact = _exact_kl_trusted(policy_logits.detach(), reference_logits.detach(), mask).sum(dim=-1)
     return {
         "objective": penalized.mean(),
         "mean_reward": rewards.mean().item(),

@@ -1,7 +1,9 @@
-"""KL estimators against closed forms: categorical distributions and Schulman's Gaussian table."""
+"""KL estimators against closed forms (categorical distributions, Schulman's Gaussian table), the libraries'
+names, clamps and straight-through variants, the registry, and a table of bad inputs."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -10,7 +12,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kltutorial import compute_token_kl, kl_estimate
+from kltutorial import (
+    ESTIMATOR_ALIASES,
+    ESTIMATORS,
+    compute_rlhf_objective,
+    compute_token_kl,
+    exact_kl,
+    get_estimator,
+    kl_estimate,
+    register_estimator,
+)
+from kltutorial import estimators as est
+
+SAMPLED = [name for name, spec in ESTIMATORS.items() if not spec.needs_logits]
 
 # --- small categorical distributions, exact KL known -------------------------------------------------
 
@@ -175,7 +189,7 @@ logprob_arrays = st.integers(1, 5).flatmap(
 
 
 @settings(max_examples=60, deadline=None)
-@given(logprob_arrays, st.sampled_from(["k1", "k2", "k3", "abs"]), st.sampled_from(["sum", "mean"]))
+@given(logprob_arrays, st.sampled_from(SAMPLED), st.sampled_from(["sum", "mean"]))
 def test_masked_positions_never_matter_and_batch_order_is_irrelevant(data, estimator, reduction):
     lp, lq, m, shape, perm = data
     lp = torch.tensor(lp, dtype=torch.float64).reshape(shape)
@@ -191,3 +205,319 @@ def test_masked_positions_never_matter_and_batch_order_is_irrelevant(data, estim
     idx = torch.tensor(perm)
     per_token3, seq3 = compute_token_kl(lp[idx], lq[idx], mask[idx], estimator, reduction)
     assert torch.equal(per_token3, per_token[idx]) and torch.equal(seq3, seq[idx])
+
+
+# --- names: the registry's order, the libraries' aliases --------------------------------------------
+
+
+def test_estimators_iterate_in_the_books_order_and_are_read_only():
+    assert list(ESTIMATORS)[:4] == ["k1", "k2", "k3", "abs"]
+    assert list(ESTIMATORS) == ["k1", "k2", "k3", "abs", "k1+", "k3+", "full"]
+    with pytest.raises(TypeError):
+        ESTIMATORS["k9"] = ESTIMATORS["k1"]  # a read-only view: register_estimator is the way in
+    with pytest.raises(TypeError):
+        ESTIMATOR_ALIASES["x"] = "k1"
+
+
+@pytest.mark.parametrize(
+    ("alias", "canonical"),
+    [("kl", "k1"), ("mse", "k2"), ("low_var_kl", "k3"), ("kl+", "k1+"), ("low_var_kl+", "k3+")],
+)
+def test_each_alias_equals_its_canonical_estimator(alias, canonical):
+    assert ESTIMATOR_ALIASES[alias] == canonical and get_estimator(alias) is get_estimator(canonical)
+    gen = torch.Generator().manual_seed(3)
+    lp, lq = -torch.rand(4, 6, generator=gen) * 5, -torch.rand(4, 6, generator=gen) * 5
+    assert torch.equal(kl_estimate(lp, lq, alias), kl_estimate(lp, lq, canonical))
+    mask = torch.ones(4, 6)
+    mask[:, 4:] = 0
+    got, want = compute_token_kl(lp, lq, mask, alias), compute_token_kl(lp, lq, mask, canonical)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_half_precision_is_computed_in_float32_like_openrlhf():
+    lp = torch.tensor([-0.01, -3.0, -7.5]).bfloat16()
+    lq = torch.tensor([-0.02, -2.0, -9.0]).bfloat16()
+    got = kl_estimate(lp, lq, "k3")
+    assert got.dtype == torch.float32
+    assert torch.equal(got, kl_estimate(lp.float(), lq.float(), "k3"))
+    assert kl_estimate(lp.double(), lq, "k1").dtype == torch.float64  # float64 is never cast down
+
+
+# --- clamps: OpenRLHF's and verl's, explicit here ---------------------------------------------------
+
+
+def test_clamp_clips_every_estimate_and_stops_its_gradient():
+    lp = torch.tensor([-1.0, -30.0, -0.5, 20.0], requires_grad=True)
+    lq = torch.tensor([-0.5, -1.0, -1.0, 0.0])
+    for name in ("k1", "k2", "k3", "abs"):
+        plain = kl_estimate(lp, lq, name)
+        clipped = kl_estimate(lp, lq, name, clamp=10.0)
+        assert torch.equal(clipped, plain.clamp(-10.0, 10.0)), name
+        (grad,) = torch.autograd.grad(clipped.sum(), lp)
+        outside = plain.detach().abs() > 10
+        assert outside.any() and (grad[outside] == 0).all() and (grad[~outside] != 0).all(), name
+    assert torch.equal(kl_estimate(lp, lq, "k1", clamp=1.0), torch.tensor([-0.5, -1.0, 0.5, 1.0]))
+
+
+def test_clamp_ten_reproduces_openrlhf_compute_approx_kl():
+    # OpenRLHF (openrlhf/models/utils.py): log_ratio = lp.float() - lq.float(); k1, k2 = Δ²/2 or
+    # k3 = exp(-Δ) - 1 + Δ; then clamp(-10, 10).
+    gen = torch.Generator().manual_seed(4)
+    lp = (-8 * torch.rand(200, generator=gen)).bfloat16()
+    lq = (-30 * torch.rand(200, generator=gen)).bfloat16()
+    d = lp.float() - lq.float()
+    theirs = {"k1": d, "k2": d**2 / 2.0, "k3": (-d).exp() - 1 + d}
+    for name, value in theirs.items():
+        torch.testing.assert_close(kl_estimate(lp, lq, name, clamp=10), value.clamp(min=-10, max=10))
+
+
+def test_verl_low_var_kl_is_k3_with_both_clamps():
+    # verl (core_algos.kl_penalty_forward): kl = ref - logprob clamped to ±20, exp(kl) - kl - 1 clamped ±10.
+    d = torch.linspace(-60, 60, 241, dtype=torch.float64)
+    kl = (-d).clamp(min=-20, max=20)
+    theirs = (kl.exp() - kl - 1).clamp(min=-10, max=10)
+    ours = kl_estimate(d, torch.zeros_like(d), "low_var_kl", clamp=10, log_ratio_clamp=20)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+def test_log_ratio_clamp_keeps_the_clamped_k3_gradient_finite():
+    lp = torch.tensor([-100.0, -1.0], requires_grad=True)  # exp(100) overflows float32
+    lq = torch.tensor([0.0, -1.2])
+    (grad,) = torch.autograd.grad(kl_estimate(lp, lq, "k3", clamp=10).sum(), lp)
+    assert torch.isnan(grad[0])  # 0 * inf: the reason verl clamps the log-ratio before exp
+    (grad,) = torch.autograd.grad(kl_estimate(lp, lq, "k3", clamp=10, log_ratio_clamp=20).sum(), lp)
+    assert grad[0] == 0 and torch.isfinite(grad).all()
+    assert grad[1] == pytest.approx(1 - math.exp(-0.2))  # d k3 / dΔ = 1 - e^{-Δ}, inside both clamps
+
+
+# --- straight-through: the value of k1 or k3, the gradient of k2 ------------------------------------
+
+
+@pytest.mark.parametrize(("name", "value_of"), [("k1+", "k1"), ("k3+", "k3"), ("low_var_kl+", "k3")])
+def test_straight_through_has_the_value_of_its_estimator_and_the_gradient_of_k2(name, value_of):
+    gen = torch.Generator().manual_seed(5)
+    lp = (-4 * torch.rand(3, 7, generator=gen, dtype=torch.float64)).requires_grad_(True)
+    lq = -4 * torch.rand(3, 7, generator=gen, dtype=torch.float64)
+    value = kl_estimate(lp, lq, name)
+    assert torch.equal(value.detach(), kl_estimate(lp, lq, value_of).detach())
+    (grad,) = torch.autograd.grad(value.sum(), lp)
+    (grad_k2,) = torch.autograd.grad(kl_estimate(lp, lq, "k2").sum(), lp)
+    (grad_own,) = torch.autograd.grad(kl_estimate(lp, lq, value_of).sum(), lp)
+    assert torch.equal(grad, grad_k2)
+    torch.testing.assert_close(grad, (lp - lq).detach())  # d(½Δ²)/d log π = Δ
+    assert not torch.allclose(grad, grad_own)
+
+
+def test_straight_through_keeps_the_k2_gradient_where_the_value_is_clamped():
+    # As in verl: the clamp acts on the (detached) value; the gradient is k2's everywhere.
+    lp = torch.tensor([-30.0, -1.0], requires_grad=True)
+    lq = torch.tensor([-1.0, -1.5])
+    value = kl_estimate(lp, lq, "k3+", clamp=10, log_ratio_clamp=20)
+    assert value[0] == 10
+    (grad,) = torch.autograd.grad(value.sum(), lp)
+    assert torch.equal(grad, (lp - lq).detach())
+
+
+def test_straight_through_k3_is_an_unbiased_kl_gradient_on_policy_samples():
+    """E[∇k2] = ∇KL(π‖π_ref) on samples from π (score function: E[∇log π] = 0); E[∇k3] is not."""
+    p, q = _categorical_pair()
+    theta = p.log().clone().requires_grad_(True)  # logits of the policy
+    exact = (torch.softmax(theta, 0) * (torch.log_softmax(theta, 0) - q.log())).sum()
+    (want,) = torch.autograd.grad(exact, theta)
+    y = torch.multinomial(p, 400_000, replacement=True, generator=torch.Generator().manual_seed(6))
+    got = {}
+    for name in ("k3+", "k3"):
+        lp = torch.log_softmax(theta, 0)[y]
+        (g,) = torch.autograd.grad(kl_estimate(lp, q.log()[y], name).mean(), theta)
+        got[name] = g
+    assert torch.allclose(got["k3+"], want, atol=4e-3)
+    assert not torch.allclose(got["k3"], want, atol=4e-3)
+
+
+# --- full: the exact KL from both models' logits ----------------------------------------------------
+
+
+def _logits(seed: int, shape=(3, 4, 9)) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+
+
+def test_full_is_exact_kl():
+    z, w = _logits(7)
+    assert torch.equal(kl_estimate(policy_logits=z, reference_logits=w, estimator="full"), exact_kl(z, w))
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]])
+    per_token, per_seq = compute_token_kl(
+        attention_mask=mask, estimator="full", policy_logits=z, reference_logits=w
+    )
+    assert torch.equal(per_token, exact_kl(z, w, mask))
+    assert torch.equal(per_seq, exact_kl(z, w, mask).sum(-1))
+    assert torch.equal(kl_estimate(policy_logits=z, reference_logits=w, estimator="full", clamp=0.5),
+                       exact_kl(z, w).clamp(max=0.5))
+
+
+def test_one_call_serves_every_estimator_when_logits_are_given():
+    z, w = _logits(8)
+    tokens = torch.distributions.Categorical(logits=z).sample()
+    lp = torch.log_softmax(z, -1).gather(-1, tokens[..., None])[..., 0]
+    lq = torch.log_softmax(w, -1).gather(-1, tokens[..., None])[..., 0]
+    for name in ESTIMATORS:
+        got = kl_estimate(lp, lq, name, policy_logits=z, reference_logits=w)
+        want = exact_kl(z, w) if name == "full" else kl_estimate(lp, lq, name)
+        assert torch.equal(got, want), name
+
+
+def test_full_gradient_matches_exact_kl_and_ignores_padding():
+    z, w = _logits(9)
+    z.requires_grad_(True)
+    mask = torch.ones(3, 4)
+    mask[0, 2:] = 0
+    _, seq = compute_token_kl(None, None, mask, "full", policy_logits=z, reference_logits=w)
+    (grad,) = torch.autograd.grad(seq.sum(), z)
+    (want,) = torch.autograd.grad(exact_kl(z, w, mask).sum(), z)
+    assert torch.equal(grad, want) and (grad[0, 2:] == 0).all()
+
+
+def test_objective_accepts_every_name_including_full():
+    z, w = _logits(10, shape=(8, 5, 11))
+    tokens = torch.distributions.Categorical(logits=z).sample()
+    args = (z, w, tokens, torch.zeros(8), torch.ones(8, 5), 0.1)
+    full = compute_rlhf_objective(*args, estimator="full")
+    assert full["mean_kl"] == pytest.approx(full["mean_exact_kl"])
+    for alias, name in ESTIMATOR_ALIASES.items():
+        assert compute_rlhf_objective(*args, estimator=alias)["mean_kl"] == pytest.approx(
+            compute_rlhf_objective(*args, estimator=name)["mean_kl"]
+        )
+
+
+# --- the registry ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _scratch_registry():
+    """Let a test register estimators, and put the registry back as it was afterwards."""
+    specs, aliases = dict(est._SPECS), dict(est._ALIASES)
+    try:
+        yield
+    finally:
+        est._SPECS.clear()
+        est._SPECS.update(specs)
+        est._ALIASES.clear()
+        est._ALIASES.update(aliases)
+
+
+def test_a_registered_estimator_is_usable_by_name_and_alias_and_does_not_leak():
+    lp = torch.tensor([[-1.0, -2.0, -0.5]])
+    lq = torch.tensor([[-1.5, -1.0, -0.5]])
+    with _scratch_registry():
+
+        @register_estimator("half_k2", aliases=("half_mse",))
+        def half_k2(log_ratio):
+            return 0.25 * log_ratio.square()
+
+        assert list(ESTIMATORS)[-1] == "half_k2" and ESTIMATOR_ALIASES["half_mse"] == "half_k2"
+        want = torch.tensor([[0.0625, 0.25, 0.0]])
+        assert torch.equal(kl_estimate(lp, lq, "half_k2"), want)
+        assert torch.equal(compute_token_kl(lp, lq, estimator="half_mse")[1], want.sum(-1))
+        # the clamps and straight-through apply to it like to the built-in ones
+        assert torch.equal(kl_estimate(lp, lq, "half_k2", clamp=0.1), want.clamp(max=0.1))
+        register_estimator("half_k2+", gradient_from="mse")(half_k2)
+        lp_grad = lp.clone().requires_grad_(True)
+        (grad,) = torch.autograd.grad(kl_estimate(lp_grad, lq, "half_k2+").sum(), lp_grad)
+        assert torch.equal(grad, lp - lq)
+        with pytest.raises(ValueError, match="already registered"):
+            register_estimator("half_mse")
+    assert "half_k2" not in ESTIMATORS and "half_mse" not in ESTIMATOR_ALIASES
+    with pytest.raises(ValueError, match="estimator must be one of"):
+        kl_estimate(lp, lq, "half_k2")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        (dict(name="k1"), ValueError, "name 'k1' is already registered"),
+        (dict(name="low_var_kl"), ValueError, "already registered"),
+        (dict(name=""), TypeError, "name must be a non-empty str"),
+        (dict(name=3), TypeError, "name must be a non-empty str"),
+        (dict(name="new", aliases="n"), TypeError, "aliases must be a sequence of str"),
+        (dict(name="new", aliases=("kl",)), ValueError, "alias 'kl' is already registered"),
+        (dict(name="new", aliases=("n", "n")), ValueError, "must all differ"),
+        (dict(name="new", aliases=("new",)), ValueError, "must all differ"),
+        (dict(name="new", gradient_from="k7"), ValueError, "estimator must be one of"),
+        (dict(name="new", gradient_from="full"), ValueError, "gradient_from must name a plain sampled"),
+        (dict(name="new", gradient_from="k3+"), ValueError, "gradient_from must name a plain sampled"),
+        (dict(name="new", gradient_from="k2", needs_logits=True), ValueError, "gradient_from"),
+        (dict(name="new", needs_logits=1), TypeError, "needs_logits must be a bool"),
+    ],
+)
+def test_register_estimator_rejects_bad_registrations(kwargs, exc, match):
+    with _scratch_registry():
+        name = kwargs.pop("name")
+        with pytest.raises(exc, match=match):
+            register_estimator(name, **kwargs)
+        with pytest.raises(TypeError, match="must decorate a function"):
+            register_estimator("fine")(42)
+        assert "fine" not in ESTIMATORS
+
+
+# --- bad input: one table for the module --------------------------------------------------------------
+
+B, T, V = 2, 3, 5
+LP = torch.full((B, T), -1.0)
+NAN_LP = LP.clone()
+NAN_LP[1, 2] = math.nan
+INF_LP = LP.clone()
+INF_LP[0, 0] = -math.inf
+MASK = torch.ones(B, T)
+Z = torch.zeros(B, T, V)
+PAIR = dict(policy_logprobs=LP, reference_logprobs=LP)
+LOGITS = dict(policy_logits=Z, reference_logits=Z)
+
+BAD_INPUTS = [
+    # (id, callable, kwargs, exception, message regex)
+    ("unknown", kl_estimate, {**PAIR, "estimator": "k4"}, ValueError, r"estimator must be one of .*'k4'"),
+    ("not-a-name", kl_estimate, {**PAIR, "estimator": None}, ValueError, "estimator must be one of"),
+    ("shape", kl_estimate, {**PAIR, "reference_logprobs": LP[:, :2]}, ValueError, "reference_logprobs"),
+    ("nan", kl_estimate, {**PAIR, "policy_logprobs": NAN_LP}, ValueError, "policy_logprobs contains NaN"),
+    ("inf", kl_estimate, {**PAIR, "reference_logprobs": INF_LP}, ValueError,
+     "reference_logprobs contains inf; expected finite values"),
+    ("int", kl_estimate, {**PAIR, "policy_logprobs": LP.long()}, TypeError, "policy_logprobs"),
+    ("list", kl_estimate, {**PAIR, "policy_logprobs": [-1.0]}, TypeError, "policy_logprobs must be a torch"),
+    ("empty", kl_estimate, dict(policy_logprobs=LP[:0], reference_logprobs=LP[:0]), ValueError, "empty"),
+    ("one-of-pair", kl_estimate, dict(policy_logprobs=LP), ValueError, "both policy_logprobs and reference"),
+    ("nothing", kl_estimate, {}, ValueError, "'k1' needs policy_logprobs and reference_logprobs"),
+    ("clamp-zero", kl_estimate, {**PAIR, "clamp": 0}, ValueError, "clamp must be a finite number > 0"),
+    ("clamp-str", kl_estimate, {**PAIR, "clamp": "10"}, TypeError, "clamp must be a real number"),
+    ("lr-clamp-inf", kl_estimate, {**PAIR, "log_ratio_clamp": math.inf}, ValueError, "log_ratio_clamp"),
+    ("full-no-logits", kl_estimate, {**PAIR, "estimator": "full"}, ValueError,
+     "'full' needs policy_logits and reference_logits"),
+    ("full-lr-clamp", kl_estimate, {**LOGITS, "estimator": "full", "log_ratio_clamp": 20}, ValueError,
+     "log_ratio_clamp applies to sampled estimators"),
+    ("one-logits", kl_estimate, {**PAIR, "policy_logits": Z}, ValueError, "both policy_logits and reference"),
+    ("logits-rank", kl_estimate, {**LOGITS, "estimator": "full", "policy_logits": Z[0]}, ValueError,
+     r"policy_logits must have 3 dimensions \(B, T, V\)"),
+    ("logits-shape", kl_estimate, {**LOGITS, "estimator": "full", "reference_logits": Z[:, :, :4]},
+     ValueError, "policy_logits and reference_logits must have the same shape"),
+    ("logits-vs-lp", kl_estimate, {**PAIR, **LOGITS, "policy_logits": Z[:, :2], "reference_logits": Z[:, :2]},
+     ValueError, r"policy_logprobs must have shape \(2, 2\)"),
+    ("full-nan", kl_estimate, {**LOGITS, "estimator": "full", "policy_logits": Z.clone().fill_(math.nan)},
+     ValueError, "policy_logits contains NaN"),
+    ("tok-mask-shape", compute_token_kl, {**PAIR, "attention_mask": MASK[:1]}, ValueError, "attention_mask"),
+    ("tok-mask-values", compute_token_kl, {**PAIR, "attention_mask": MASK * 0.5}, ValueError,
+     "attention_mask must contain only 0 and 1"),
+    ("tok-mask-type", compute_token_kl, {**PAIR, "attention_mask": [[1, 1, 1]] * 2}, TypeError,
+     "attention_mask must be a torch.Tensor"),
+    ("tok-reduction", compute_token_kl, {**PAIR, "reduction": "max"}, ValueError, "reduction must be one of"),
+    ("tok-rank", compute_token_kl, dict(policy_logprobs=LP[0], reference_logprobs=LP[0]), ValueError,
+     r"policy_logprobs must have shape \(B, T\)"),
+    ("tok-nan", compute_token_kl, {**PAIR, "reference_logprobs": NAN_LP}, ValueError, "NaN"),
+    ("tok-estimator", compute_token_kl, {**PAIR, "estimator": "KL"}, ValueError, "estimator must be one of"),
+    ("tok-full-mask", compute_token_kl, {**LOGITS, "estimator": "full", "attention_mask": MASK[:, :2]},
+     ValueError, "attention_mask must have shape"),
+]
+
+
+@pytest.mark.parametrize(("call", "kwargs", "exc", "match"), [c[1:] for c in BAD_INPUTS],
+                         ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_is_rejected_with_a_clear_message(call, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        call(**kwargs)

@@ -1,4 +1,4 @@
-"""Reward shaping and the penalised objective."""
+"""Reward shaping and the penalised objective, and a table of bad inputs."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def test_shape_rewards_places_score_at_last_valid_token():
     kl = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8], [1.0, 1.0, 1.0, 1.0]])
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [0, 1, 1, 0]])  # full, right-padded, both sides
     scores = torch.tensor([1.0, 2.0, 3.0])
-    r = shape_rewards(scores, kl, mask, kl_coef=0.5)
+    r = shape_rewards(scores, kl, mask, beta=0.5)
     expected = torch.tensor(
         [
             [-0.05, -0.10, -0.15, -0.20 + 1.0],
@@ -90,3 +90,97 @@ def test_objective_is_differentiable_and_respects_the_mask():
     _, seq = compute_token_kl(lp, lq, mask)
     assert out["mean_kl"] == pytest.approx(float(seq.mean()))
     assert out["mean_exact_kl"] == pytest.approx(float(exact_kl(pol.detach(), ref, mask).sum(-1).mean()))
+
+
+def test_beta_and_the_libraries_kl_coef_are_one_argument():
+    kl = torch.tensor([[0.5, 0.5, 9.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    want = shape_rewards(torch.tensor([1.0]), kl, mask, 0.1)  # positional, as before
+    assert torch.equal(shape_rewards(torch.tensor([1.0]), kl, mask, beta=0.1), want)
+    assert torch.equal(shape_rewards(torch.tensor([1.0]), kl, mask, kl_coef=0.1), want)
+    pol, ref, tokens = _policy_and_reference(4, b=4)
+    args = (pol, ref, tokens, torch.ones(4, dtype=torch.float64), torch.ones(tokens.shape))
+    a, b = compute_rlhf_objective(*args, beta=0.3), compute_rlhf_objective(*args, kl_coef=0.3)
+    assert a["kl_penalty"] == b["kl_penalty"] == pytest.approx(0.3 * a["mean_kl"])
+
+
+def test_padding_gets_exactly_zero_even_where_the_estimate_is_infinite():
+    # TRL (<= 0.11) and OpenRLHF leave -beta * kl at padded positions; verl multiplies by the mask, which
+    # turns an infinite estimate into NaN. torch.where gives 0.
+    kl = torch.tensor([[0.5, math.inf, 0.25]])
+    with pytest.raises(ValueError, match="per_token_kl contains inf"):
+        shape_rewards(torch.tensor([1.0]), kl, torch.tensor([[1, 0, 1]]), beta=0.1)
+    per_token, _ = compute_token_kl(torch.tensor([[-1.0, -1000.0]]), torch.tensor([[-1.0, 0.0]]),
+                                    torch.tensor([[1, 0]]), "k3")
+    r = shape_rewards(torch.tensor([2.0]), per_token, torch.tensor([[1, 0]]), beta=0.1)
+    assert torch.equal(r, torch.tensor([[2.0, 0.0]]))
+
+
+def test_objective_checks_its_inputs_once_and_names_response_tokens():
+    pol, ref, tokens = _policy_and_reference(5, b=2)
+    with pytest.raises(ValueError, match="response_tokens must have shape"):
+        compute_rlhf_objective(pol, ref, tokens[:, :3], torch.zeros(2), torch.ones(tokens.shape), 0.1)
+
+
+# --- bad input: one table for the module --------------------------------------------------------------
+
+B, T, V = 2, 3, 5
+LOGITS = torch.zeros(B, T, V)
+NAN_LOGITS = LOGITS.clone()
+NAN_LOGITS[1, 0, 3] = math.nan
+TOKENS = torch.zeros(B, T, dtype=torch.long)
+KL = torch.full((B, T), 0.5)
+MASK = torch.ones(B, T)
+SCORES = torch.zeros(B)
+SHAPE = dict(scores=SCORES, per_token_kl=KL, attention_mask=MASK, beta=0.1)
+OBJ = dict(policy_logits=LOGITS, reference_logits=LOGITS, response_tokens=TOKENS, rewards=SCORES,
+           attention_mask=MASK, beta=0.1)
+
+BAD_INPUTS = [
+    # (id, callable, kwargs, exception, message regex)
+    ("sr-scores-shape", shape_rewards, {**SHAPE, "scores": SCORES[:1]}, ValueError,
+     r"scores must have shape \(2,\), one score per sequence"),
+    ("sr-scores-nan", shape_rewards, {**SHAPE, "scores": torch.tensor([0.0, math.nan])}, ValueError,
+     "scores contains NaN"),
+    ("sr-scores-int", shape_rewards, {**SHAPE, "scores": SCORES.long()}, TypeError, "scores must be a float"),
+    ("sr-kl-rank", shape_rewards, {**SHAPE, "per_token_kl": KL[0]}, ValueError,
+     "per_token_kl must have 2 dimensions"),
+    ("sr-beta-negative", shape_rewards, {**SHAPE, "beta": -0.1}, ValueError,
+     "beta must be a finite number >= 0"),
+    ("sr-beta-inf", shape_rewards, {**SHAPE, "beta": math.inf}, ValueError, "beta must be a finite"),
+    ("sr-beta-nan", shape_rewards, {**SHAPE, "beta": None, "kl_coef": math.nan}, ValueError,
+     "kl_coef must be a finite"),
+    ("sr-beta-str", shape_rewards, {**SHAPE, "beta": "0.1"}, TypeError, "beta must be a real number"),
+    ("sr-beta-missing", shape_rewards, {**SHAPE, "beta": None}, TypeError, "pass beta"),
+    ("sr-beta-twice", shape_rewards, {**SHAPE, "kl_coef": 0.1}, TypeError, "beta and kl_coef"),
+    ("sr-mask-shape", shape_rewards, {**SHAPE, "attention_mask": MASK[:, :1]}, ValueError, "attention_mask"),
+    ("sr-empty-row", shape_rewards, {**SHAPE, "attention_mask": MASK * torch.tensor([[1.0], [0.0]])},
+     ValueError, r"attention_mask has no valid token in sequence\(s\) \[1\]"),
+    ("obj-logit-shapes", compute_rlhf_objective, {**OBJ, "reference_logits": torch.zeros(B, T, V + 1)},
+     ValueError, "policy_logits and reference_logits must have the same shape"),
+    ("obj-logits-rank", compute_rlhf_objective, {**OBJ, "policy_logits": LOGITS[0]}, ValueError,
+     "policy_logits must have 3 dimensions"),
+    ("obj-logits-nan", compute_rlhf_objective, {**OBJ, "reference_logits": NAN_LOGITS}, ValueError,
+     r"logits contains NaN \(at position b=1, t=0\)"),
+    ("obj-tokens", compute_rlhf_objective, {**OBJ, "response_tokens": TOKENS[:, :1]}, ValueError,
+     "response_tokens must have shape"),
+    ("obj-tokens-range", compute_rlhf_objective, {**OBJ, "response_tokens": TOKENS + V}, ValueError,
+     r"response_tokens must lie in \[0, 5\)"),
+    ("obj-rewards-shape", compute_rlhf_objective, {**OBJ, "rewards": torch.zeros(B + 1)}, ValueError,
+     "rewards must have shape"),
+    ("obj-rewards-nan", compute_rlhf_objective, {**OBJ, "rewards": torch.tensor([0.0, math.nan])},
+     ValueError, "rewards contains NaN"),
+    ("obj-mask", compute_rlhf_objective, {**OBJ, "attention_mask": MASK * 3}, ValueError, "attention_mask"),
+    ("obj-beta", compute_rlhf_objective, {**OBJ, "beta": -1.0}, ValueError, "beta must be"),
+    ("obj-kl-coef", compute_rlhf_objective, {**OBJ, "beta": None, "kl_coef": -1.0}, ValueError,
+     "kl_coef must be"),
+    ("obj-estimator", compute_rlhf_objective, {**OBJ, "estimator": "k4"}, ValueError,
+     "estimator must be one of"),
+]
+
+
+@pytest.mark.parametrize(("call", "kwargs", "exc", "match"), [c[1:] for c in BAD_INPUTS],
+                         ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_is_rejected_with_a_clear_message(call, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        call(**kwargs)
