@@ -1,28 +1,57 @@
-"""KL coefficient controllers (book sections 7 and 8).
+r"""KL coefficient controllers (book sections 7 and 8).
 
-All controllers share one interface: ``.value`` is the current coefficient :math:`\\beta`,
-``update(current_kl, n_steps=1)`` takes the KL measured with that :math:`\\beta` and returns the next one,
-and ``.history`` holds what a plot needs. The rule itself is the pure method ``next_beta``, which works
-elementwise on NumPy arrays, so that a simulation over many seeds uses exactly the same code.
+All controllers share one interface, the one TRL, OpenRLHF and verl use, so that a controller from
+those libraries can be swapped for one of these:
 
-- :class:`FixedKLController`: :math:`\\beta` never changes.
+- ``.value`` is the current coefficient :math:`\beta`;
+- ``update(current_kl, n_steps=1)`` takes the KL measured with that :math:`\beta` and returns the next
+  one (the libraries return ``None``); the KL may also be passed as ``current=`` (TRL's and OpenRLHF's
+  spelling) or ``current_kl=`` (verl's);
+- ``.history`` holds what a plot needs, and ``state_dict()`` / ``load_state_dict()`` save and restore
+  the state (the coefficient and the history) for a checkpoint.
+
+The rule itself is the pure method ``next_beta``, which works elementwise on NumPy arrays, so that a
+simulation over many seeds uses exactly the same code.
+
+Every constructor takes the initial coefficient as ``beta``, the book's :math:`\beta`, and accepts the
+libraries' spellings ``init_kl_coef`` (their adaptive controllers) and ``kl_coef`` (their fixed
+controllers, and verl's config); a target as ``target_kl`` (verl) or ``target`` (TRL, OpenRLHF).
+Passing two spellings of one argument is a ``TypeError``.
+
+- :class:`FixedKLController`: :math:`\beta` never changes.
 - :class:`AdaptiveKLController`: the proportional controller of Ziegler et al. (2019),
   ``lm-human-preferences``; TRL (up to v0.11), OpenRLHF and verl ship the same rule.
 - :class:`DoublingKLController`: the band ("bang-bang") rule of the source handbook's section 8,
-  which doubles or halves :math:`\\beta` outside a band around the target. It is *not* the rule of
+  which doubles or halves :math:`\beta` outside a band around the target. It is *not* the rule of
   InstructGPT (Ouyang et al., 2022), which reports a fixed KL coefficient.
 - :class:`ExponentialKLController`: the smooth multiplicative rule of the handbook's section 10.
+
+Library sources read: ``lm_human_preferences/train_policy.py``; TRL ``trl/trainer/utils.py`` and
+``trl/trainer/ppo_config.py`` (v0.11.4); OpenRLHF ``openrlhf/trainer/ppo_utils/kl_controller.py`` and
+``openrlhf/cli/train_ppo_ray.py`` (v0.11); verl ``verl/trainer/ppo/core_algos.py`` and
+``verl/trainer/config/algorithm.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from ._validation import check_coef, check_positive, check_positive_int
+from ._validation import (
+    check_coef,
+    check_greater,
+    check_nonnegative_int,
+    check_positive,
+    check_real,
+    one_spelling,
+)
 
 __all__ = [
+    "MIN_FACTOR",
     "ControllerHistory",
     "KLController",
     "FixedKLController",
@@ -33,6 +62,10 @@ __all__ = [
 
 ArrayLike = float | np.ndarray
 
+#: The proportional controller's factor never goes below this (see :class:`AdaptiveKLController`).
+MIN_FACTOR = 0.01
+_TINY, _HUGE = sys.float_info.min, sys.float_info.max  # smallest positive normal, largest finite float
+
 
 @dataclass(frozen=True)
 class ControllerHistory:
@@ -41,7 +74,7 @@ class ControllerHistory:
     Attributes
     ----------
     kl : ndarray, shape (n,)
-        The KL passed to each of the ``n`` calls of ``update``.
+        The KL passed to each of the ``n`` updates (calls of ``update`` with ``n_steps >= 1``).
     beta : ndarray, shape (n + 1,)
         ``beta[0]`` is the initial coefficient; ``beta[t]`` is the coefficient in force when ``kl[t]``
         was measured, and ``beta[t + 1]`` the one ``update`` returned for it.
@@ -51,39 +84,28 @@ class ControllerHistory:
     beta: np.ndarray
 
 
-def _check_kl(current_kl: object) -> float:
-    if hasattr(current_kl, "item") and getattr(current_kl, "ndim", None) == 0:
-        current_kl = current_kl.item()  # a 0-d torch tensor or NumPy array
-    if isinstance(current_kl, bool) or not isinstance(current_kl, (int, float, np.integer, np.floating)):
-        raise TypeError(f"current_kl must be a real number, got {type(current_kl).__name__}")
-    v = float(current_kl)
-    if not np.isfinite(v):
-        raise ValueError(f"current_kl must be finite, got {v}")
-    return v
+def _initial_beta(beta: object, init_kl_coef: object, kl_coef: object, default: float) -> tuple[str, float]:
+    """The initial coefficient under whichever spelling was passed, and that spelling (for messages)."""
+    name, value = one_spelling(beta=beta, init_kl_coef=init_kl_coef, kl_coef=kl_coef)
+    return name, default if value is None else value
 
 
-def _check_clamp(init_kl_coef: object, min_coef: object, max_coef: object) -> tuple[float, float, float]:
-    """Validate a clamped rule's initial coefficient and its clamp ``[min_coef, max_coef]``."""
-    init = check_positive(init_kl_coef, "init_kl_coef")
-    lo = check_positive(min_coef, "min_coef")
-    hi = check_positive(max_coef, "max_coef")
-    if lo > hi:
-        raise ValueError(f"min_coef must be <= max_coef, got {lo} > {hi}")
-    if not lo <= init <= hi:
-        raise ValueError(f"init_kl_coef must lie in [min_coef, max_coef] = [{lo}, {hi}], got {init}")
-    return init, lo, hi
+def _target(target_kl: object, target: object, default: float) -> float:
+    name, value = one_spelling(target_kl=target_kl, target=target)
+    return check_positive(default if value is None else value, name)
 
 
-@dataclass
 class KLController:
-    """Base class: state (the current coefficient and the history) and the ``update`` loop.
+    """Base class: the state (the current coefficient and the history), ``update`` and checkpoints.
 
-    Subclasses implement :meth:`next_beta`, the pure rule.
+    Subclasses set their parameters, call ``_start(beta)`` and implement :meth:`next_beta`, the pure rule.
     """
 
-    _beta: float = field(init=False, repr=False)
-    _kl_seen: list[float] = field(init=False, repr=False, default_factory=list)
-    _betas: list[float] = field(init=False, repr=False, default_factory=list)
+    _beta: float
+    _kl_seen: list[float]
+    _betas: list[float]
+    # Only a fixed coefficient may be 0 (no penalty): a multiplicative rule started at 0 would stay there.
+    _beta_may_be_zero = False
 
     def _start(self, beta: float) -> None:
         self._beta = beta
@@ -92,7 +114,7 @@ class KLController:
 
     @property
     def value(self) -> float:
-        """The current coefficient :math:`\\beta`."""
+        r"""The current coefficient :math:`\beta`."""
         return self._beta
 
     @property
@@ -101,54 +123,120 @@ class KLController:
         return ControllerHistory(kl=np.array(self._kl_seen, dtype=float), beta=np.array(self._betas))
 
     def next_beta(self, beta: ArrayLike, kl: ArrayLike, n_steps: int = 1) -> ArrayLike:
-        """The rule: the coefficient after observing ``kl`` with ``beta`` (elementwise, no state)."""
+        """The rule: the coefficient after observing ``kl`` with ``beta`` (elementwise, no state).
+
+        This is one update (``n_steps >= 1``); ``update`` handles ``n_steps = 0`` itself.
+        """
         raise NotImplementedError
 
-    def update(self, current_kl: float, n_steps: int = 1) -> float:
+    def update(
+        self, current_kl: float | None = None, n_steps: int = 1, *, current: float | None = None
+    ) -> float:
         """Observe the KL measured with the current coefficient; return the new coefficient.
 
         Parameters
         ----------
         current_kl : float
             The KL of the latest batch (in the units the target uses: nats per sequence or per token).
+            A 0-d tensor or array is accepted; ``current`` is another spelling (TRL, OpenRLHF).
         n_steps : int
-            Number of training steps (or samples, as TRL counts) since the last update; only the
-            proportional controller uses it.
+            Number of training steps (or samples, as the libraries count) since the last update; only
+            the proportional controller scales its step by it. ``0`` means nothing happened since the
+            last update: the coefficient is returned unchanged and nothing is recorded.
+
+        Returns
+        -------
+        float
+            The new coefficient, also ``.value``.
         """
-        kl = _check_kl(current_kl)
-        n = check_positive_int(n_steps, "n_steps")
+        name, kl = one_spelling(current_kl=current_kl, current=current)
+        if kl is None:
+            raise TypeError("update() needs the KL measured with the current coefficient: pass current_kl")
+        kl = check_real(kl, name)
+        n = check_nonnegative_int(n_steps, "n_steps")
+        if n == 0:
+            return self._beta
         self._beta = float(self.next_beta(self._beta, kl, n))
         self._kl_seen.append(kl)
         self._betas.append(self._beta)
         return self._beta
 
+    def state_dict(self) -> dict[str, Any]:
+        """The state to checkpoint: the coefficient and the history, as plain Python values.
 
-@dataclass
+        The rule's parameters (target, horizon, ...) are not state: rebuild the controller with the same
+        arguments, then :meth:`load_state_dict`.
+
+        Examples
+        --------
+        >>> c = AdaptiveKLController(0.5, target_kl=6.0, horizon=100)
+        >>> c.update(9.0)  # error clipped to 0.2: 0.5 * (1 + 0.2 / 100)
+        0.501
+        >>> restored = AdaptiveKLController(0.5, target_kl=6.0, horizon=100)
+        >>> restored.load_state_dict(c.state_dict())
+        >>> restored.value, restored.history.kl
+        (0.501, array([9.]))
+        """
+        return {
+            "type": type(self).__name__,
+            "value": self._beta,
+            "kl": list(self._kl_seen),
+            "beta": list(self._betas),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the state saved by :meth:`state_dict` (of a controller of the same class)."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a mapping from state_dict(), got {type(state).__name__}")
+        expected = {"type", "value", "kl", "beta"}
+        if set(state) != expected:
+            raise ValueError(f"state must have the keys {sorted(expected)}, got {sorted(state)}")
+        if state["type"] != type(self).__name__:
+            raise ValueError(f"state is of a {state['type']}, not of a {type(self).__name__}")
+        check_beta = check_coef if self._beta_may_be_zero else check_positive
+        value = check_beta(state["value"], "state['value']")
+        kl = [check_real(x, f"state['kl'][{i}]") for i, x in enumerate(state["kl"])]
+        betas = [check_beta(x, f"state['beta'][{i}]") for i, x in enumerate(state["beta"])]
+        if len(betas) != len(kl) + 1 or betas[-1] != value:
+            raise ValueError(
+                "state['beta'] must hold one more coefficient than state['kl'] has KLs and end with "
+                f"state['value']; got {len(betas)} coefficients, {len(kl)} KLs"
+            )
+        self._beta, self._kl_seen, self._betas = value, kl, betas
+
+
 class FixedKLController(KLController):
-    """A constant coefficient: :math:`\\beta_{t+1} = \\beta_t`.
+    r"""A constant coefficient: :math:`\beta_{t+1} = \beta_t`.
+
+    The same as the libraries' ``FixedKLController(kl_coef)``, whose ``update`` does nothing.
 
     Parameters
     ----------
-    kl_coef : float
-        The coefficient, >= 0.
+    beta : float
+        The coefficient, >= 0 (default 0.1). Also accepted as ``kl_coef`` or ``init_kl_coef``.
     """
 
-    kl_coef: float = 0.1
+    _beta_may_be_zero = True
 
-    def __post_init__(self) -> None:
-        self.kl_coef = check_coef(self.kl_coef, "kl_coef")
-        self._start(self.kl_coef)
+    def __init__(
+        self, beta: float | None = None, *, kl_coef: float | None = None, init_kl_coef: float | None = None
+    ) -> None:
+        name, value = _initial_beta(beta, init_kl_coef, kl_coef, default=0.1)
+        self._start(check_coef(value, name))
+
+    def __repr__(self) -> str:
+        return f"FixedKLController(beta={self._betas[0]!r})"
 
     def next_beta(self, beta: ArrayLike, kl: ArrayLike, n_steps: int = 1) -> ArrayLike:
         return np.broadcast_arrays(np.asarray(beta, dtype=float), np.asarray(kl))[0].copy()
 
 
-@dataclass
 class AdaptiveKLController(KLController):
     r"""Proportional KL controller of Ziegler et al. (2019).
 
     .. math::  e_t = \mathrm{clip}\!\left(\frac{\mathrm{KL}_t}{\mathrm{KL}_{\mathrm{target}}} - 1,
-               -0.2,\, 0.2\right), \qquad \beta_{t+1} = \beta_t \left(1 + e_t \frac{n}{H}\right)
+               -0.2,\, 0.2\right), \qquad \beta_{t+1} = \beta_t \,\max\!\left(1 + e_t \frac{n}{H},\;
+               0.01\right)
 
     with :math:`n` the steps since the last update and :math:`H` the horizon. The clip bounds each
     relative change by :math:`0.2\,n/H`; with TRL's defaults (``horizon=10000``, ``n_steps`` = batch size)
@@ -156,36 +244,115 @@ class AdaptiveKLController(KLController):
 
     Parameters
     ----------
-    init_kl_coef : float
-        Initial :math:`\beta` (lm-human-preferences: 0.15; TRL's old PPO: 0.2), > 0.
-    target : float
-        Target KL, > 0 (TRL: 6 nats per sequence).
+    beta : float
+        Initial :math:`\beta` > 0 (default 0.2). Also accepted as ``init_kl_coef`` or ``kl_coef``.
+    target_kl : float
+        Target KL > 0 (default 6 nats per sequence). Also accepted as ``target``.
     horizon : float
-        :math:`H`, > 0 (TRL, OpenRLHF, verl: 10000).
+        :math:`H` > 0 (default 10000).
+
+    Notes
+    -----
+    **The same rule as the libraries**, ``AdaptiveKLController`` in lm-human-preferences
+    (``train_policy.py``), TRL up to v0.11 (``trl/trainer/utils.py``), OpenRLHF
+    (``openrlhf/trainer/ppo_utils/kl_controller.py``) and verl (``verl/trainer/ppo/core_algos.py``): all
+    four compute ``value *= 1 + clip(current / target - 1, -0.2, 0.2) * n_steps / horizon``, and the
+    coefficients here are bit-for-bit theirs whenever their factor is at least 0.01, i.e. whenever
+    :math:`e_t\,n/H \ge -0.99` (every ``n_steps <= 4.95 * horizon``), and their :math:`\beta` a normal
+    positive float.
+
+    **Where it differs: β stays positive and finite.** Their factor :math:`1 + e_t n/H` reaches 0 at
+    ``n_steps = 5 * horizon`` (with the KL 20 % or more below target) and is negative beyond, which
+    makes :math:`\beta` negative: the penalty becomes a bonus for drifting from the reference. Here the
+    factor is floored at ``MIN_FACTOR = 0.01``, so one update divides :math:`\beta` by at most 100, and
+    :math:`\beta` is kept within the positive, finite floats. The floor keeps the rule monotone in
+    ``n_steps`` and continuous, and leaves every ordinary update untouched. (The continuous-time limit
+    :math:`\beta\,e^{e_t n/H}` would be smoother but would change every update, and underflows to 0.)
+
+    **Interface.** ``update`` returns the new :math:`\beta` (theirs return ``None``), takes the KL as
+    ``current_kl``, ``current`` or positionally, defaults ``n_steps`` to 1 and treats 0 as no update.
+    Inputs are checked (theirs divide by a zero target or accept a NaN KL without a word).
+
+    **Defaults.** lm-human-preferences: ``kl_coef`` 0.2, ``horizon`` 10000 episodes, no target (its
+    sentiment and descriptiveness runs: 0.15 and target 6); TRL's old ``PPOConfig``: ``init_kl_coef``
+    0.2, ``target`` 6, ``horizon`` 10000 (the defaults here); OpenRLHF: ``--algo.kl.init_coef`` 0.01,
+    ``--algo.kl.horizon`` 10000, adaptive only when ``--algo.kl.target`` is set (no default); verl:
+    ``kl_ctrl.kl_coef`` 0.001, ``target_kl`` 0.1, ``horizon`` 10000, ``type: fixed`` unless set to
+    ``adaptive``.
+
+    **What the libraries feed it.** lm-human-preferences and TRL pass the batch mean of the
+    per-sequence KL sum with ``n_steps`` = batch size (TRL: times the number of processes); verl passes
+    the batch mean of the per-sequence token mean with ``n_steps`` = batch size; OpenRLHF the mean of its
+    logged per-sequence token-mean ``kl`` with ``n_steps`` = rollout batch size x samples per prompt. A
+    target must be chosen in the units it will be compared with.
 
     References
     ----------
-    D. Ziegler et al., "Fine-Tuning Language Models from Human Preferences", 2019, and
-    ``lm_human_preferences/train_policy.py`` (``AdaptiveKLController``).
+    D. Ziegler et al., "Fine-Tuning Language Models from Human Preferences", 2019.
     """
 
-    init_kl_coef: float = 0.2
-    target: float = 6.0
-    horizon: float = 10000.0
+    def __init__(
+        self,
+        beta: float | None = None,
+        target_kl: float | None = None,
+        horizon: float = 10000.0,
+        *,
+        init_kl_coef: float | None = None,
+        kl_coef: float | None = None,
+        target: float | None = None,
+    ) -> None:
+        name, value = _initial_beta(beta, init_kl_coef, kl_coef, default=0.2)
+        initial = check_positive(value, name)
+        self.target_kl = _target(target_kl, target, default=6.0)
+        self.horizon = check_positive(horizon, "horizon")
+        self._start(initial)
 
-    def __post_init__(self) -> None:
-        self.init_kl_coef = check_positive(self.init_kl_coef, "init_kl_coef")
-        self.target = check_positive(self.target, "target")
-        self.horizon = check_positive(self.horizon, "horizon")
-        self._start(self.init_kl_coef)
+    @property
+    def target(self) -> float:
+        """The target KL under the libraries' name (read-only; the book's name is ``target_kl``)."""
+        return self.target_kl
+
+    def __repr__(self) -> str:
+        return (
+            f"AdaptiveKLController(beta={self._betas[0]!r}, target_kl={self.target_kl!r}, "
+            f"horizon={self.horizon!r})"
+        )
 
     def next_beta(self, beta: ArrayLike, kl: ArrayLike, n_steps: int = 1) -> ArrayLike:
-        error = np.clip(np.asarray(kl) / self.target - 1.0, -0.2, 0.2)  # e_t
-        return beta * (1.0 + error * n_steps / self.horizon)
+        error = np.clip(np.asarray(kl) / self.target_kl - 1.0, -0.2, 0.2)  # e_t
+        # the libraries' factor, in their order of operations, floored so that β stays positive
+        factor = np.maximum(1.0 + error * n_steps / self.horizon, MIN_FACTOR)
+        with np.errstate(over="ignore", under="ignore"):  # an overflow to inf is clipped just below
+            return np.clip(beta * factor, _TINY, _HUGE)
 
 
-@dataclass
-class DoublingKLController(KLController):
+class _ClampedKLController(KLController):
+    """Shared checks of the rules that clamp β to ``[min_coef, max_coef]`` and have a target."""
+
+    def _start_clamped(
+        self, beta: object, init_kl_coef: object, kl_coef: object, target_kl: object, target: object,
+        min_coef: object, max_coef: object,
+    ) -> None:
+        name, value = _initial_beta(beta, init_kl_coef, kl_coef, default=0.1)
+        initial = check_positive(value, name)
+        self.min_coef = check_positive(min_coef, "min_coef")
+        self.max_coef = check_positive(max_coef, "max_coef")
+        if self.min_coef > self.max_coef:
+            raise ValueError(f"min_coef must be <= max_coef, got {self.min_coef} > {self.max_coef}")
+        if not self.min_coef <= initial <= self.max_coef:
+            raise ValueError(
+                f"{name} must lie in [min_coef, max_coef] = [{self.min_coef}, {self.max_coef}], got {initial}"
+            )
+        self.target_kl = _target(target_kl, target, default=6.0)
+        self._start(initial)
+
+    @property
+    def target(self) -> float:
+        """The target KL under the libraries' name (read-only; the book's name is ``target_kl``)."""
+        return self.target_kl
+
+
+class DoublingKLController(_ClampedKLController):
     r"""Band ("bang-bang") rule: double above the band, halve below it, clamp.
 
     .. math::  \beta_{t+1} = \mathrm{clip}\left(\begin{cases}
@@ -195,40 +362,48 @@ class DoublingKLController(KLController):
 
     This is the rule of the source handbook's section 8, there labelled "InstructGPT style"; neither
     InstructGPT nor the libraries use it. Inside the band it does nothing, so :math:`\beta` stays wherever
-    the last excursion left it, at a clamp if the excursion was long. It has no horizon.
+    the last excursion left it, at a clamp if the excursion was long. It has no horizon: ``n_steps`` only
+    matters as 0 (no update).
 
     Parameters
     ----------
-    init_kl_coef : float
-        Initial :math:`\beta`, within ``[min_coef, max_coef]``.
+    beta : float
+        Initial :math:`\beta`, within ``[min_coef, max_coef]`` (default 0.1). Also accepted as
+        ``init_kl_coef`` or ``kl_coef``.
     target_kl : float
-        Target KL, > 0.
+        Target KL, > 0 (default 6). Also accepted as ``target``.
     factor : float
         :math:`f` > 1, the multiplicative step (2: doubling).
     band : float
         :math:`b` > 1, the half-width of the dead band as a ratio (1.5: [target/1.5, 1.5 target]).
     min_coef, max_coef : float
-        The clamp, 0 < min_coef <= max_coef.
+        The clamp :math:`[\beta_{\min}, \beta_{\max}]`, 0 < min_coef <= max_coef (the handbook's
+        0.001 and 10).
     """
 
-    init_kl_coef: float = 0.1
-    target_kl: float = 6.0
-    factor: float = 2.0
-    band: float = 1.5
-    min_coef: float = 1e-3
-    max_coef: float = 10.0
+    def __init__(
+        self,
+        beta: float | None = None,
+        target_kl: float | None = None,
+        factor: float = 2.0,
+        band: float = 1.5,
+        min_coef: float = 1e-3,
+        max_coef: float = 10.0,
+        *,
+        init_kl_coef: float | None = None,
+        kl_coef: float | None = None,
+        target: float | None = None,
+    ) -> None:
+        self.factor = check_greater(factor, "factor", 1.0)
+        self.band = check_greater(band, "band", 1.0)
+        self._start_clamped(beta, init_kl_coef, kl_coef, target_kl, target, min_coef, max_coef)
 
-    def __post_init__(self) -> None:
-        self.init_kl_coef, self.min_coef, self.max_coef = _check_clamp(
-            self.init_kl_coef, self.min_coef, self.max_coef
+    def __repr__(self) -> str:
+        return (
+            f"DoublingKLController(beta={self._betas[0]!r}, target_kl={self.target_kl!r}, "
+            f"factor={self.factor!r}, band={self.band!r}, min_coef={self.min_coef!r}, "
+            f"max_coef={self.max_coef!r})"
         )
-        self.target_kl = check_positive(self.target_kl, "target_kl")
-        for name in ("factor", "band"):
-            v = check_positive(getattr(self, name), name)
-            if v <= 1:
-                raise ValueError(f"{name} must be > 1, got {v}")
-            setattr(self, name, v)
-        self._start(self.init_kl_coef)
 
     def next_beta(self, beta: ArrayLike, kl: ArrayLike, n_steps: int = 1) -> ArrayLike:
         kl = np.asarray(kl)
@@ -240,8 +415,7 @@ class DoublingKLController(KLController):
         return np.clip(beta * scale, self.min_coef, self.max_coef)
 
 
-@dataclass
-class ExponentialKLController(KLController):
+class ExponentialKLController(_ClampedKLController):
     r"""Smooth multiplicative rule of the source handbook's section 10.
 
     .. math::  \beta_{t+1} = \mathrm{clip}\left(\beta_t \exp\!\left(g\,
@@ -249,33 +423,42 @@ class ExponentialKLController(KLController):
                \ \beta_{\min},\ \beta_{\max}\right)
 
     Unlike the proportional controller its error is not clipped, so a large excursion moves
-    :math:`\beta` a lot in one step; the clamp bounds it.
+    :math:`\beta` a lot in one step; the clamp bounds it. None of the libraries ships it. ``n_steps``
+    only matters as 0 (no update).
 
     Parameters
     ----------
-    init_kl_coef : float
-        Initial :math:`\beta`, within ``[min_coef, max_coef]``.
+    beta : float
+        Initial :math:`\beta`, within ``[min_coef, max_coef]`` (default 0.1). Also accepted as
+        ``init_kl_coef`` or ``kl_coef``.
     target_kl : float
-        Target KL, > 0.
+        Target KL, > 0 (default 6). Also accepted as ``target``.
     gain : float
         :math:`g` > 0 (the handbook uses 0.12).
     min_coef, max_coef : float
-        The clamp (the handbook uses [0.02, 0.5]).
+        The clamp :math:`[\beta_{\min}, \beta_{\max}]` (the handbook uses [0.02, 0.5]).
     """
 
-    init_kl_coef: float = 0.1
-    target_kl: float = 6.0
-    gain: float = 0.12
-    min_coef: float = 0.02
-    max_coef: float = 0.5
+    def __init__(
+        self,
+        beta: float | None = None,
+        target_kl: float | None = None,
+        gain: float = 0.12,
+        min_coef: float = 0.02,
+        max_coef: float = 0.5,
+        *,
+        init_kl_coef: float | None = None,
+        kl_coef: float | None = None,
+        target: float | None = None,
+    ) -> None:
+        self.gain = check_positive(gain, "gain")
+        self._start_clamped(beta, init_kl_coef, kl_coef, target_kl, target, min_coef, max_coef)
 
-    def __post_init__(self) -> None:
-        self.init_kl_coef, self.min_coef, self.max_coef = _check_clamp(
-            self.init_kl_coef, self.min_coef, self.max_coef
+    def __repr__(self) -> str:
+        return (
+            f"ExponentialKLController(beta={self._betas[0]!r}, target_kl={self.target_kl!r}, "
+            f"gain={self.gain!r}, min_coef={self.min_coef!r}, max_coef={self.max_coef!r})"
         )
-        self.target_kl = check_positive(self.target_kl, "target_kl")
-        self.gain = check_positive(self.gain, "gain")
-        self._start(self.init_kl_coef)
 
     def next_beta(self, beta: ArrayLike, kl: ArrayLike, n_steps: int = 1) -> ArrayLike:
         relative_error = (np.asarray(kl) - self.target_kl) / self.target_kl

@@ -1,6 +1,10 @@
-"""KL controllers: hand-computed sequences, clamps, and closed-loop behaviour against a simple plant."""
+"""KL controllers: hand-computed sequences, clamps, closed-loop behaviour against a simple plant, the
+libraries' spellings, checkpoints, a positive beta, and a table of bad inputs."""
 
 from __future__ import annotations
+
+import json
+import math
 
 import numpy as np
 import pytest
@@ -12,6 +16,7 @@ from kltutorial import (
     ExponentialKLController,
     FixedKLController,
 )
+from kltutorial.controllers import MIN_FACTOR
 
 
 def test_fixed_never_moves():
@@ -125,3 +130,248 @@ def test_doubling_controller_only_reaches_its_band_in_closed_loop():
     # Once inside [4, 9] it stops acting: KL settles wherever the last doubling/halving left it.
     assert np.all((kls[-100:] >= 4.0) & (kls[-100:] <= 9.0))
     assert set(np.round(c.history.beta, 12)) <= {1.0, 0.5, 0.25, 0.125}
+
+
+# --- the libraries' spellings -------------------------------------------------------------------------
+
+MAKERS = {
+    "fixed": lambda: FixedKLController(0.3),
+    "adaptive": lambda: AdaptiveKLController(0.3, 6.0, 50.0),
+    "doubling": lambda: DoublingKLController(0.3, 6.0),
+    "exponential": lambda: ExponentialKLController(0.3, 6.0, 0.12, 0.01, 5.0),
+}
+
+
+def _drive(controller, kls=(9.0, 2.0, 6.5, 30.0, 0.1), n_steps=7):
+    return [controller.update(kl, n_steps) for kl in kls]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: AdaptiveKLController(init_kl_coef=0.05, target=0.5, horizon=200),  # TRL, OpenRLHF
+        lambda: AdaptiveKLController(init_kl_coef=0.05, target_kl=0.5, horizon=200),  # verl
+        lambda: AdaptiveKLController(kl_coef=0.05, target_kl=0.5, horizon=200),  # verl's config names
+        lambda: AdaptiveKLController(0.05, 0.5, 200),  # positional, as all three call it
+    ],
+)
+def test_adaptive_accepts_every_librarys_constructor_spelling(make):
+    book = AdaptiveKLController(beta=0.05, target_kl=0.5, horizon=200)
+    other = make()
+    assert other.target_kl == other.target == 0.5 and other.horizon == 200
+    assert _drive(other, (0.9, 0.2, 0.55)) == _drive(book, (0.9, 0.2, 0.55))
+
+
+def test_every_controller_accepts_the_initial_coefficient_under_each_name():
+    for cls in (FixedKLController, AdaptiveKLController, DoublingKLController, ExponentialKLController):
+        for spelling in ("beta", "init_kl_coef", "kl_coef"):
+            assert cls(**{spelling: 0.25}).value == 0.25, (cls, spelling)
+    for cls in (DoublingKLController, ExponentialKLController):
+        assert cls(target=3.0).target_kl == 3.0 and cls(target_kl=3.0).target == 3.0
+    assert not hasattr(FixedKLController(0.1), "target_kl")  # simulate.py reads a target only if it exists
+
+
+@pytest.mark.parametrize(
+    ("call", "names"),
+    [
+        (lambda: AdaptiveKLController(0.1, init_kl_coef=0.2), "beta and init_kl_coef"),
+        (lambda: AdaptiveKLController(init_kl_coef=0.1, kl_coef=0.2), "init_kl_coef and kl_coef"),
+        (lambda: AdaptiveKLController(0.1, 6.0, target=6.0), "target_kl and target"),
+        (lambda: FixedKLController(0.1, kl_coef=0.1), "beta and kl_coef"),
+        (lambda: DoublingKLController(target_kl=1.0, target=2.0), "target_kl and target"),
+        (lambda: ExponentialKLController(beta=0.1, init_kl_coef=0.1), "beta and init_kl_coef"),
+        (lambda: FixedKLController(0.1).update(1.0, current=1.0), "current_kl and current"),
+        (lambda: AdaptiveKLController().update(current_kl=1.0, current=2.0), "current_kl and current"),
+    ],
+)
+def test_two_spellings_of_one_argument_is_a_type_error_naming_both(call, names):
+    with pytest.raises(TypeError, match=names):
+        call()
+
+
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_update_takes_the_kl_under_each_librarys_keyword(name):
+    positional, trl, verl = MAKERS[name](), MAKERS[name](), MAKERS[name]()
+    for kl in (9.0, 2.0, 30.0):
+        want = positional.update(kl, 64)
+        assert trl.update(current=kl, n_steps=64) == want  # TRL, OpenRLHF: update(current, n_steps)
+        assert verl.update(current_kl=kl, n_steps=64) == want  # verl: update(current_kl=, n_steps=)
+    np.testing.assert_array_equal(trl.history.beta, positional.history.beta)
+    with pytest.raises(TypeError, match="pass current_kl"):
+        positional.update()
+
+
+def test_repr_shows_the_books_names():
+    assert repr(AdaptiveKLController(init_kl_coef=0.2, target=6, horizon=100)) == (
+        "AdaptiveKLController(beta=0.2, target_kl=6.0, horizon=100.0)"
+    )
+    assert repr(FixedKLController(kl_coef=0.05)) == "FixedKLController(beta=0.05)"
+    assert "target_kl=6.0" in repr(DoublingKLController()) and "gain=0.12" in repr(ExponentialKLController())
+
+
+# --- n_steps = 0 ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_zero_steps_is_a_no_op_that_records_nothing(name):
+    c = MAKERS[name]()
+    c.update(20.0, n_steps=3)
+    before, history = c.value, c.history
+    assert c.update(100.0, n_steps=0) == before == c.value
+    assert c.update(current=0.0, n_steps=0) == before
+    np.testing.assert_array_equal(c.history.kl, history.kl)
+    np.testing.assert_array_equal(c.history.beta, history.beta)
+    with pytest.raises(ValueError, match="current_kl must be a finite number"):
+        c.update(math.nan, n_steps=0)  # still checked
+
+
+# --- checkpoints ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_state_dict_round_trip_restores_value_and_history_and_the_future(name):
+    original = MAKERS[name]()
+    _drive(original)
+    state = json.loads(json.dumps(original.state_dict()))  # plain values: JSON or torch.save
+    restored = MAKERS[name]()
+    restored.load_state_dict(state)
+    assert restored.value == original.value
+    np.testing.assert_array_equal(restored.history.kl, original.history.kl)
+    np.testing.assert_array_equal(restored.history.beta, original.history.beta)
+    assert _drive(restored, (12.0, 0.5)) == _drive(original, (12.0, 0.5))
+    assert restored.state_dict() == original.state_dict()
+    # the state is a copy: changing the controller afterwards does not change a saved state
+    saved = original.state_dict()
+    original.update(50.0)
+    assert len(saved["kl"]) == len(original.state_dict()["kl"]) - 1
+
+
+def _state(**override):
+    state = AdaptiveKLController(0.2, 6.0, 100).state_dict()
+    state.update(override)
+    return state
+
+
+@pytest.mark.parametrize(
+    ("state", "exc", "match"),
+    [
+        ([("value", 0.2)], TypeError, "state must be a mapping"),
+        ({"value": 0.2}, ValueError, "state must have the keys"),
+        (_state(extra=1), ValueError, "state must have the keys"),
+        (_state(type="FixedKLController"), ValueError, "state is of a FixedKLController"),
+        (_state(value=-0.1), ValueError, r"state\['value'\] must be a finite number > 0"),
+        (_state(value=0.0, beta=[0.0]), ValueError, r"state\['value'\]"),
+        (_state(value=0.3), ValueError, r"end with state\['value'\]"),
+        (_state(kl=[1.0]), ValueError, "one more coefficient"),
+        (_state(kl=[math.nan], beta=[0.2, 0.2]), ValueError, r"state\['kl'\]\[0\] must be a finite number"),
+        (_state(kl=["x"], beta=[0.2, 0.2]), TypeError, r"state\['kl'\]\[0\] must be a real number"),
+    ],
+)
+def test_load_state_dict_rejects_a_bad_state(state, exc, match):
+    c = AdaptiveKLController(0.2, 6.0, 100)
+    with pytest.raises(exc, match=match):
+        c.load_state_dict(state)
+    assert c.value == 0.2 and c.history.kl.size == 0  # untouched
+
+
+def test_a_fixed_coefficient_of_zero_round_trips():
+    c = FixedKLController(0.0)
+    c.update(3.0)
+    restored = FixedKLController(1.0)
+    restored.load_state_dict(c.state_dict())
+    assert restored.value == 0.0 and restored.history.beta.tolist() == [0.0, 0.0]
+
+
+# --- beta stays positive and finite; bit-for-bit the libraries' rule otherwise ------------------------
+
+
+def _library_rule(value: float, current: float, n_steps: int, target: float, horizon: float) -> float:
+    """The update of lm-human-preferences, TRL (<= 0.11), OpenRLHF and verl, as they write it."""
+    proportional_error = np.clip(current / target - 1, -0.2, 0.2)
+    mult = 1 + proportional_error * n_steps / horizon
+    return value * mult
+
+
+def test_adaptive_equals_the_libraries_bit_for_bit_where_their_factor_is_at_least_min_factor():
+    rng = np.random.default_rng(0)
+    target, horizon = 6.0, 10_000.0
+    c = AdaptiveKLController(0.2, target, horizon)
+    theirs = 0.2
+    for _ in range(2000):
+        kl = float(rng.uniform(0, 15))
+        n = int(rng.integers(1, int(4.95 * horizon) + 1))
+        theirs = _library_rule(theirs, kl, n, target, horizon)
+        assert c.update(kl, n) == theirs  # exact equality, not approx
+    assert c.history.beta.min() > 0
+
+
+@pytest.mark.parametrize("n_steps", [50_000, 50_001, 10**6, 10**12, 10**300])
+def test_huge_n_steps_keeps_beta_positive_and_finite(n_steps):
+    low = AdaptiveKLController(0.2, 6.0, 10_000)
+    assert _library_rule(0.2, 0.0, n_steps, 6.0, 10_000) <= 0  # theirs: zero or negative
+    assert low.update(0.0, n_steps=n_steps) == pytest.approx(0.2 * MIN_FACTOR)
+    high = AdaptiveKLController(0.2, 6.0, 10_000)
+    assert 0.2 < high.update(100.0, n_steps=n_steps) < math.inf
+    for _ in range(400):  # repeated: never underflows to 0, never overflows to inf
+        low.update(0.0, n_steps=n_steps)
+        high.update(100.0, n_steps=n_steps)
+    assert 0 < low.value and math.isfinite(high.value)
+    assert np.all(np.isfinite(high.history.beta)) and np.all(low.history.beta > 0)
+
+
+def test_floored_factor_is_continuous_and_monotone_in_n_steps():
+    c = AdaptiveKLController(1.0, 6.0, 100.0)
+    n = np.arange(1, 2001)
+    betas = c.next_beta(1.0, 0.0, n)
+    assert np.all(np.diff(betas) <= 0) and betas.min() == MIN_FACTOR
+    np.testing.assert_array_equal(betas[n <= 495], 1 - 0.2 * n[n <= 495] / 100.0)
+    np.testing.assert_array_equal(betas[n > 495], MIN_FACTOR)  # 1 - 0.2 * 495 / 100 is 0.01 + 9e-18
+
+
+# --- bad input: one table for the module --------------------------------------------------------------
+
+BAD_INPUTS = [
+    # (id, callable, kwargs, exception, message regex)
+    ("fixed-negative", FixedKLController, dict(beta=-0.1), ValueError, "beta must be a finite number >= 0"),
+    ("fixed-nan", FixedKLController, dict(kl_coef=math.nan), ValueError, "kl_coef must be a finite number"),
+    ("fixed-str", FixedKLController, dict(beta="0.1"), TypeError, "beta must be a real number"),
+    ("adaptive-target", AdaptiveKLController, dict(beta=0.1, target_kl=0.0), ValueError, "target_kl must be"),
+    ("adaptive-target-alias", AdaptiveKLController, dict(target=-1.0), ValueError, "target must be a finite"),
+    ("adaptive-horizon", AdaptiveKLController, dict(horizon=-5), ValueError, "horizon must be"),
+    ("adaptive-init", AdaptiveKLController, dict(init_kl_coef=0.0), ValueError, "init_kl_coef must be"),
+    ("adaptive-init-inf", AdaptiveKLController, dict(beta=math.inf), ValueError, "beta must be a finite"),
+    ("adaptive-bool", AdaptiveKLController, dict(beta=True), TypeError, "beta must be a real number"),
+    ("doubling-target", DoublingKLController, dict(target_kl=-6.0), ValueError, "target_kl must be"),
+    ("doubling-factor", DoublingKLController, dict(factor=1.0), ValueError,
+     "factor must be a finite number > 1"),
+    ("doubling-band", DoublingKLController, dict(band=0.5), ValueError, "band must be a finite number > 1"),
+    ("doubling-bounds", DoublingKLController, dict(min_coef=1.0, max_coef=0.5), ValueError,
+     "min_coef must be <= max_coef"),
+    ("doubling-init", DoublingKLController, dict(beta=20.0), ValueError, r"beta must lie in \[min_coef"),
+    ("doubling-init-alias", DoublingKLController, dict(kl_coef=20.0), ValueError, "kl_coef must lie in"),
+    ("doubling-min", DoublingKLController, dict(min_coef=0), ValueError,
+     "min_coef must be a finite number > 0"),
+    ("exp-gain", ExponentialKLController, dict(gain=0.0), ValueError, "gain must be a finite number > 0"),
+    ("exp-target", ExponentialKLController, dict(target_kl=math.nan), ValueError, "target_kl must be"),
+    ("exp-max", ExponentialKLController, dict(max_coef=math.inf), ValueError, "max_coef must be"),
+    ("update-nan", AdaptiveKLController().update, dict(current_kl=math.nan), ValueError,
+     "current_kl must be a finite number"),
+    ("update-inf-alias", AdaptiveKLController().update, dict(current=math.inf), ValueError,
+     "current must be a finite number"),
+    ("update-str", FixedKLController().update, dict(current_kl="6"), TypeError, "current_kl must be a real"),
+    ("update-array", FixedKLController().update, dict(current_kl=np.ones(2)), ValueError,
+     r"current_kl must be a single number, got an array of shape \(2,\)"),
+    ("update-tensor", FixedKLController().update, dict(current_kl=torch.ones(1, 1)), ValueError,
+     "current_kl must be a single number"),
+    ("update-steps", AdaptiveKLController().update, dict(current_kl=1.0, n_steps=-1), ValueError,
+     "n_steps must be >= 0"),
+    ("update-steps-float", DoublingKLController().update, dict(current_kl=1.0, n_steps=1.5), TypeError,
+     "n_steps must be an int"),
+]
+
+
+@pytest.mark.parametrize(("call", "kwargs", "exc", "match"), [c[1:] for c in BAD_INPUTS],
+                         ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_is_rejected_with_a_clear_message(call, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        call(**kwargs)
