@@ -282,9 +282,10 @@ class AdaptiveKLController(KLController):
 
     **What the libraries feed it.** lm-human-preferences and TRL pass the batch mean of the
     per-sequence KL sum with ``n_steps`` = batch size (TRL: times the number of processes); verl passes
-    the batch mean of the per-sequence token mean with ``n_steps`` = batch size; OpenRLHF the mean of its
-    logged per-sequence token-mean ``kl`` with ``n_steps`` = rollout batch size x samples per prompt. A
-    target must be chosen in the units it will be compared with.
+    the batch mean of the per-sequence token mean with ``n_steps`` = batch size; OpenRLHF the ``kl`` of
+    its training status, an average of per-sequence token means, with ``n_steps`` = rollout batch size x
+    samples per prompt (its v0.11 source notes in a TODO that the adaptive controller is "incompatible
+    here"). A target must be chosen in the units it will be compared with.
 
     References
     ----------

@@ -36,8 +36,8 @@ any other way (uniformly, say) the log-ratio's mean is not a KL and can be negat
   TRL's later ``PPOTrainer`` (``kl_estimator``): ``k1``, ``k3``; its ``GRPOTrainer`` always uses k3 in
   the loss. OpenRLHF (``compute_approx_kl``): ``k1``, ``k2``, ``k3``; no ``abs``, no ``full``. verl
   (``kl_penalty`` in ``verl/trainer/ppo/core_algos.py``): ``kl``/``k1``, ``abs``, ``mse``/``k2``,
-  ``low_var_kl``/``k3``, any of them with a ``+`` suffix, and ``full``, which raises
-  ``NotImplementedError``.
+  ``low_var_kl``/``k3``, any of them with a ``+`` suffix (here: ``k1+`` and ``k3+``), and ``full``,
+  which raises ``NotImplementedError``.
 - **Clamps.** OpenRLHF clamps every estimate to [-10, 10]; verl clamps only ``low_var_kl``/``k3``, its
   log-ratio to [-20, 20] before the exponential and the estimate to [-10, 10]; TRL clamps nothing. Here
   nothing is clamped unless asked: ``clamp=10`` reproduces OpenRLHF, and ``estimator="k3", clamp=10,
@@ -247,7 +247,11 @@ def k2(log_ratio: torch.Tensor) -> torch.Tensor:
 
 @register_estimator("k3", aliases=("low_var_kl",))
 def k3(log_ratio: torch.Tensor) -> torch.Tensor:
-    r"""k3 = :math:`(r - 1) - \log r`, :math:`r = \pi_{\mathrm{ref}}/\pi = e^{-\Delta}`: unbiased, >= 0."""
+    r"""k3 = :math:`(r - 1) - \log r`, :math:`r = \pi_{\mathrm{ref}}/\pi = e^{-\Delta}`: unbiased, >= 0.
+
+    Its expected gradient on on-policy samples is that of the forward :math:`\mathrm{KL}(\pi_{\mathrm{ref}}
+    \|\pi)`, not of the penalised :math:`\mathrm{KL}(\pi\|\pi_{\mathrm{ref}})`: hence ``k3+``.
+    """
     # r - 1 - log r = expm1(-Δ) + Δ; expm1 keeps precision when Δ is small.
     return torch.expm1(-log_ratio) + log_ratio
 

@@ -265,7 +265,8 @@ def get_logprobs_for_tokens(
 
     The libraries return log-probs in the logits' own dtype: TRL's ``selective_log_softmax``
     (``trl/trainer/utils.py``) and OpenRLHF's ``log_probs_from_logits`` (``openrlhf/models/utils.py``)
-    gather the chosen logit and subtract a row-wise log-sum-exp for float32 logits, and run
+    gather the chosen logit and subtract a row-wise log-sum-exp for float32 logits (OpenRLHF uses
+    flash-attn's cross entropy instead when it is installed), and run
     ``log_softmax`` one sequence at a time for half precision, so bfloat16 logits give bfloat16 log-probs
     (8 bits of mantissa, about 0.4 % relative error) that then go into the KL. Here every chunk is
     computed in float32 (float64 stays float64).

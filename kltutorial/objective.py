@@ -24,10 +24,11 @@ The KL coefficient is ``beta`` here, the book's :math:`\beta`; ``kl_coef`` (Open
 - **Where the score goes.** TRL (v0.11) adds it at the last position whose mask is 1, and OpenRLHF at the
   last position whose action mask is 1, as here; lm-human-preferences adds it at the last position of the
   fixed-length response; verl receives token-level scores already placed by its reward manager.
-- **Precision.** TRL and verl keep the log-probs in the model's dtype (bfloat16 log-probs give a
-  bfloat16 KL); OpenRLHF casts them to float32 inside ``compute_approx_kl``. Here
-  :func:`~kltutorial.logprobs.get_logprobs_for_tokens` returns float32 for half-precision logits and the
-  estimators compute in float32.
+- **Precision.** TRL's ``selective_log_softmax`` and OpenRLHF's ``log_probs_from_logits`` return
+  log-probs in the logits' dtype (bfloat16 for a bfloat16 model); TRL's and verl's KL functions then
+  compute in whatever dtype the log-probs have, while OpenRLHF's ``compute_approx_kl`` casts them to
+  float32. Here :func:`~kltutorial.logprobs.get_logprobs_for_tokens` returns float32 for half-precision
+  logits and the estimators compute in float32.
 """
 
 from __future__ import annotations
