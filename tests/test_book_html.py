@@ -6,40 +6,53 @@ unit-test run deselects it. For each HTML page it checks that
 * no JavaScript exception is thrown and nothing is logged at error level;
 * the page requests nothing from the network (only ``file:``/``data:``/``blob:``);
 * MathJax, served from ``_static/mathjax`` rather than a CDN, has typeset every
-  formula on the page, without a TeX error.
+  formula on the page, without a TeX error, and no raw ``\\(...\\)`` is left in the text.
 
-The browser is driven through the Chrome DevTools Protocol over
-``--remote-debugging-pipe`` (no port, no extra Python package). Name resolution is
-disabled, so anything that would fetch from the network fails and is reported.
+The browser is Debian's Chromium driven by Playwright's sync API (``executable_path``;
+Playwright's own browser downloads are never used). Every page is opened in a fresh
+browser context that Playwright keeps offline, and host-name resolution is switched off
+in the browser too, so anything that would fetch from the network fails and is reported.
 
 Without Chromium (``/usr/bin/chromium`` or ``$CHROMIUM``) the tests skip locally
 and fail when ``CI`` is set. ``$KLTUTORIAL_HTML_DIR`` overrides the HTML folder.
+
+To add a check on every page: have :func:`load_page` record what it needs (a listener or
+a probe) on :class:`PageReport`, and assert it in a test parametrised over ``PAGES``.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
+import functools
 import os
 import re
-import select
 import shutil
-import subprocess
-import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Browser, ConsoleMessage, Page, Request, sync_playwright
+from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 pytestmark = pytest.mark.book
 
 ROOT = Path(__file__).resolve().parents[1]
-HTML_DIR = Path(os.environ.get("KLTUTORIAL_HTML_DIR", ROOT / "_build" / "html"))
+HTML_DIR = Path(os.environ.get("KLTUTORIAL_HTML_DIR", ROOT / "_build" / "html")).resolve()
 IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 LOCAL_SCHEMES = ("file:", "data:", "blob:", "about:")
-PAGE_TIMEOUT_S = 30.0
+PAGE_TIMEOUT_MS = 30_000
+LATE_EVENTS_MS = 500  # after the probe, wait this long: late errors (async scripts, fonts) still count
+DESKTOP = {"width": 1280, "height": 1600}
+REDIRECT = re.compile(r"<meta[^>]+http-equiv=[\"']?refresh", re.IGNORECASE)
+
+# Headless, as root on a machine without a GPU; no background traffic of Chromium's own.
+CHROMIUM_FLAGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    # Offline: every host name fails to resolve (the context is also set offline).
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+]
 
 
 def _pages() -> list[Path]:
@@ -54,6 +67,7 @@ def _pages() -> list[Path]:
 
 
 PAGES = _pages()
+PAGE_IDS = [p.relative_to(HTML_DIR).as_posix() for p in PAGES]
 
 
 def _unavailable(reason: str) -> None:
@@ -69,119 +83,6 @@ def _find_chromium() -> str | None:
     return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
 
 
-class Chromium:
-    """A headless Chromium driven over the DevTools pipe (fd 3: commands in, fd 4: out)."""
-
-    def __init__(self, executable: str) -> None:
-        self.profile = tempfile.mkdtemp(prefix="kltutorial-chromium-")
-        self.log = open(Path(self.profile) / "stderr.log", "w+b")
-        cmd_r, cmd_w = os.pipe()
-        out_r, out_w = os.pipe()
-        # Park the child's ends above fd 4 so the dup2 calls below cannot clobber them.
-        child_in = fcntl.fcntl(cmd_r, fcntl.F_DUPFD_CLOEXEC, 10)
-        child_out = fcntl.fcntl(out_w, fcntl.F_DUPFD_CLOEXEC, 10)
-        os.close(cmd_r)
-        os.close(out_w)
-
-        def wire_pipes() -> None:
-            os.dup2(child_in, 3)
-            os.dup2(child_out, 4)
-
-        flags = [
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-            "--no-first-run", "--no-default-browser-check",
-            "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--disable-extensions", "--mute-audio",
-            "--disable-features=Translate,MediaRouter,OptimizationHints",
-            # Offline: every host name fails to resolve.
-            "--host-resolver-rules=MAP * ~NOTFOUND",
-            f"--user-data-dir={self.profile}", "--remote-debugging-pipe",
-            "--window-size=1280,1600", "about:blank",
-        ]
-        self.proc = subprocess.Popen(
-            [executable, *flags], stdin=subprocess.DEVNULL, stdout=self.log,
-            stderr=self.log, pass_fds=(3, 4), preexec_fn=wire_pipes,
-        )
-        os.close(child_in)
-        os.close(child_out)
-        self._wfd, self._rfd = cmd_w, out_r
-        self._buffer = b""
-        self._next_id = 0
-        self.events: list[dict] = []
-        self.call("Browser.getVersion", timeout=30.0)
-
-    # -- protocol -----------------------------------------------------------------------
-    def _read_message(self, deadline: float) -> dict | None:
-        while b"\0" not in self._buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            ready, _, _ = select.select([self._rfd], [], [], remaining)
-            if not ready:
-                return None
-            chunk = os.read(self._rfd, 1 << 20)
-            if not chunk:
-                raise RuntimeError(f"Chromium exited: {self.stderr_tail()}")
-            self._buffer += chunk
-        raw, self._buffer = self._buffer.split(b"\0", 1)
-        return json.loads(raw)
-
-    def call(self, method: str, params: dict | None = None, session: str | None = None,
-             timeout: float = PAGE_TIMEOUT_S) -> dict:
-        self._next_id += 1
-        message: dict = {"id": self._next_id, "method": method, "params": params or {}}
-        if session:
-            message["sessionId"] = session
-        os.write(self._wfd, json.dumps(message).encode() + b"\0")
-        deadline = time.monotonic() + timeout
-        while True:
-            reply = self._read_message(deadline)
-            if reply is None:
-                raise TimeoutError(f"no reply to {method} within {timeout} s")
-            if reply.get("id") == self._next_id:
-                if "error" in reply:
-                    raise RuntimeError(f"{method} failed: {reply['error']}")
-                return reply.get("result", {})
-            self.events.append(reply)
-
-    def wait_for(self, predicate: Callable[[dict], bool], timeout: float,
-                 start: int = 0) -> bool:
-        """Wait for an event matching ``predicate`` among ``events[start:]`` or new ones."""
-        if any(predicate(e) for e in self.events[start:]):
-            return True
-        deadline = time.monotonic() + timeout
-        while (message := self._read_message(deadline)) is not None:
-            self.events.append(message)
-            if predicate(message):
-                return True
-        return False
-
-    def drain(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while (message := self._read_message(deadline)) is not None:
-            self.events.append(message)
-
-    def stderr_tail(self) -> str:
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")[-2000:]
-
-    def close(self) -> None:
-        try:
-            self.call("Browser.close", timeout=10.0)
-        except Exception:  # the process is killed below anyway
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        os.close(self._wfd)
-        os.close(self._rfd)
-        self.log.close()
-        shutil.rmtree(self.profile, ignore_errors=True)
-
-
 @dataclass
 class PageReport:
     url: str
@@ -191,111 +92,127 @@ class PageReport:
 
 
 # Waits for MathJax (if the page loads it) and reports how the formulas were rendered.
-MATH_PROBE = """
-(async () => {
+# `rawTex` is TeX still between \( \) or \[ \] in the visible text, outside code and
+# outside what MathJax rendered: a formula that was never handed to MathJax at all.
+MATH_PROBE = r"""
+async () => {
   const mj = window.MathJax;
   if (mj && mj.startup && mj.startup.promise) { await mj.startup.promise; }
   const math = [...document.querySelectorAll('.math')];
+  const unrendered = math.filter(e => !e.querySelector('mjx-container'));
   const mathjaxScripts = [...document.querySelectorAll('script[src]')]
       .map(s => s.getAttribute('src')).filter(src => /mathjax/i.test(src));
+  const skip = 'script, style, pre, code, textarea, mjx-container';
+  const walker = document.createTreeWalker(document.body || document.documentElement, NodeFilter.SHOW_TEXT);
+  const rawTex = [];
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    if (node.parentElement.closest(skip)) continue;
+    for (const m of node.textContent.matchAll(/\\\([\s\S]*?\\\)|\\\[[\s\S]*?\\\]|\$\$[\s\S]*?\$\$/g)) {
+      rawTex.push(m[0].slice(0, 80));
+    }
+  }
   return {
     formulas: math.length,
-    unrendered: math.filter(e => !e.querySelector('mjx-container')).length,
+    unrendered: unrendered.map(e => e.textContent.trim().slice(0, 80)),
+    rawTex: rawTex,
     mjx: document.querySelectorAll('mjx-container').length,
-    texErrors: document.querySelectorAll('mjx-merror').length,
+    texErrors: [...document.querySelectorAll('mjx-merror')].map(e => e.textContent.slice(0, 80)),
     mathjaxLoaded: Boolean(mj && mj.version),
     mathjaxVersion: mj && mj.version ? mj.version : null,
     mathjaxScripts: mathjaxScripts,
     title: document.title,
   };
-})()
+}
 """
 
 
-def load_page(browser: Chromium, path: Path) -> PageReport:
-    report = PageReport(url=path.as_uri())
-    # A fresh browser context per page: empty storage, so every page is a first visit.
-    context = browser.call("Target.createBrowserContext")["browserContextId"]
-    target = browser.call("Target.createTarget",
-                          {"url": "about:blank", "browserContextId": context})["targetId"]
-    session = browser.call("Target.attachToTarget",
-                           {"targetId": target, "flatten": True})["sessionId"]
-    browser.events.clear()
-    for domain in ("Runtime", "Log", "Network", "Page"):
-        browser.call(f"{domain}.enable", session=session)
-    def loaded(event: dict) -> bool:
-        return event.get("method") == "Page.loadEventFired" and event.get("sessionId") == session
+def watch(page: Page, report: PageReport) -> None:
+    """Record the page's uncaught exceptions and error-level console messages in ``report``.
 
-    browser.call("Page.navigate", {"url": report.url}, session=session)
-    if not browser.wait_for(loaded, PAGE_TIMEOUT_S):
-        report.errors.append(f"load event not fired within {PAGE_TIMEOUT_S} s")
-    # A redirect page (the root index.html) navigates again after its load event: then
-    # the probe is cut off, and it is repeated on the page that was redirected to.
+    Playwright passes Chromium's own error log (a resource that failed to load, a blocked
+    request) on as console messages of type ``error`` too.
+    """
+    page.on("pageerror", lambda exc: report.errors.append(f"uncaught exception: {exc.stack or exc}"))
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type in ("error", "assert"):
+            where = message.location.get("url") or ""
+            report.errors.append(f"console.{message.type}: {message.text} {where}".rstrip())
+
+    page.on("console", on_console)
+
+
+def probe_math(page: Page) -> dict:
+    """Run :data:`MATH_PROBE`; if a navigation cuts it off, run it again on the new page."""
     for _ in range(3):
-        mark = len(browser.events)
         try:
-            probe = browser.call("Runtime.evaluate", {
-                "expression": MATH_PROBE, "awaitPromise": True, "returnByValue": True,
-            }, session=session)
-        except RuntimeError as exc:
-            if "navigated" not in str(exc):
+            return page.evaluate(MATH_PROBE)
+        except PlaywrightError as exc:
+            if "navigat" not in str(exc) and "context was destroyed" not in str(exc):
                 raise
-            browser.wait_for(loaded, PAGE_TIMEOUT_S, start=mark)
-            continue
-        if "exceptionDetails" in probe:
-            report.errors.append(f"math probe failed: {probe['exceptionDetails']}")
-        else:
-            report.math = probe["result"]["value"]
-        break
-    else:
-        report.errors.append("the page kept navigating; math probe never completed")
-    browser.drain(0.5)  # late errors (async scripts, fonts) still count
-    browser.call("Target.closeTarget", {"targetId": target})
-    browser.call("Target.disposeBrowserContext", {"browserContextId": context})
+            page.wait_for_load_state("load")
+    raise PlaywrightError("the page kept navigating; the math probe never completed")
 
-    for event in browser.events:
-        if event.get("sessionId") != session:
-            continue
-        method, params = event.get("method"), event.get("params", {})
-        if method == "Runtime.exceptionThrown":
-            details = params["exceptionDetails"]
-            text = details.get("exception", {}).get("description") or details.get("text")
-            report.errors.append(f"uncaught exception: {text}")
-        elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-            args = " ".join(str(a.get("value", a.get("description", ""))) for a in params["args"])
-            report.errors.append(f"console.{params['type']}: {args}")
-        elif method == "Log.entryAdded" and params["entry"]["level"] == "error":
-            entry = params["entry"]
-            report.errors.append(f"log error: {entry.get('text')} {entry.get('url', '')}")
-        elif method == "Network.requestWillBeSent":
-            url = params["request"]["url"]
-            if not url.startswith(LOCAL_SCHEMES):
-                report.remote_requests.append(url)
-    browser.events.clear()
+
+def load_page(browser: Browser, path: Path, viewport: dict | None = None) -> PageReport:
+    """Open ``path`` in a fresh, offline browser context and report what happened."""
+    report = PageReport(url=path.as_uri())
+    # A fresh context per page: empty storage, so every page is a first visit.
+    context = browser.new_context(offline=True, viewport=viewport or DESKTOP)
+    context.set_default_timeout(PAGE_TIMEOUT_MS)
+
+    def on_request(request: Request) -> None:
+        if not request.url.startswith(LOCAL_SCHEMES):
+            report.remote_requests.append(request.url)
+
+    context.on("request", on_request)  # on the context: requests of workers and pop-ups count too
+    try:
+        page = context.new_page()
+        watch(page, report)
+        try:
+            page.goto(report.url, wait_until="load")
+            if REDIRECT.search(path.read_text(encoding="utf8", errors="replace")):
+                # The root index.html only sends the reader on: check the page it lands on.
+                page.wait_for_url(lambda url: url != report.url, wait_until="load")
+        except PlaywrightTimeoutError:
+            report.errors.append(f"page not loaded within {PAGE_TIMEOUT_MS / 1000:.0f} s")
+        try:
+            report.math = probe_math(page)
+        except PlaywrightError as exc:
+            report.errors.append(f"math probe failed: {exc}")
+        page.wait_for_timeout(LATE_EVENTS_MS)
+    finally:
+        context.close()
     return report
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Chromium]:
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
     executable = _find_chromium()
     if executable is None:
         _unavailable("Chromium not found (apt-get install chromium, or set $CHROMIUM)")
-    chromium = Chromium(executable)
-    try:
-        yield chromium
-    finally:
-        chromium.close()
-
-
-@pytest.fixture(scope="module")
-def reports(browser: Chromium) -> dict[Path, PageReport]:
-    results = {}
-    for page in PAGES:
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=executable, headless=True, args=CHROMIUM_FLAGS, timeout=PAGE_TIMEOUT_MS,
+        )
         try:
-            results[page] = load_page(browser, page)
-        except (RuntimeError, TimeoutError) as exc:  # report it against this page only
-            results[page] = PageReport(url=page.as_uri(), errors=[f"browser: {exc}"])
-    return results
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture(scope="session")
+def report_of(browser: Browser) -> Callable[[Path], PageReport]:
+    """The desktop report of a page, loaded on first use and kept for the session."""
+
+    @functools.cache
+    def report_of(page: Path) -> PageReport:
+        try:
+            return load_page(browser, page)
+        except PlaywrightError as exc:  # report it against this page only
+            return PageReport(url=page.as_uri(), errors=[f"browser: {exc}"])
+
+    return report_of
 
 
 def test_book_was_built() -> None:
@@ -320,28 +237,31 @@ def test_html_references_nothing_remote() -> None:
     assert not offenders, f"pages that load remote resources: {offenders}"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(HTML_DIR).as_posix() for p in PAGES])
-def test_page_loads_offline_without_errors(page: Path, reports: dict[Path, PageReport]) -> None:
-    report = reports[page]
-    assert not report.errors, f"{report.url}:\n" + "\n".join(report.errors)
-    assert not report.remote_requests, f"{report.url} requested: {report.remote_requests}"
+@pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
+def test_page_loads_offline_without_errors(page: Path, report_of: Callable[[Path], PageReport]) -> None:
+    report = report_of(page)
+    problems = report.errors + [f"request leaves the build: {url}" for url in report.remote_requests]
+    assert not problems, f"{report.url}:\n" + "\n".join(problems)
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(HTML_DIR).as_posix() for p in PAGES])
-def test_math_is_typeset_by_local_mathjax(page: Path, reports: dict[Path, PageReport]) -> None:
-    math = reports[page].math
-    if not math.get("formulas"):
-        return  # nothing to typeset on this page
-    assert math["mathjaxLoaded"], f"{page.name}: has formulas but MathJax did not load"
-    assert all(not re.match(r"(?:https?:)?//", s) for s in math["mathjaxScripts"]), (
-        f"{page.name}: MathJax comes from the network: {math['mathjaxScripts']}"
-    )
-    assert math["unrendered"] == 0, f"{page.name}: {math['unrendered']} formulas not typeset"
-    assert math["texErrors"] == 0, f"{page.name}: {math['texErrors']} TeX errors"
+@pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
+def test_math_is_typeset_by_local_mathjax(page: Path, report_of: Callable[[Path], PageReport]) -> None:
+    name = page.relative_to(HTML_DIR).as_posix()
+    math = report_of(page).math
+    if math.get("formulas"):
+        assert math["mathjaxLoaded"], f"{name}: has formulas but MathJax did not load"
+        assert all(not re.match(r"(?:https?:)?//", s) for s in math["mathjaxScripts"]), (
+            f"{name}: MathJax comes from the network: {math['mathjaxScripts']}"
+        )
+        unrendered = math["unrendered"]
+        assert not unrendered, f"{name}: {len(unrendered)} formulas not typeset, e.g. {unrendered[:3]}"
+        errors = math["texErrors"]
+        assert not errors, f"{name}: {len(errors)} TeX errors, e.g. {errors[:3]}"
+    raw = math.get("rawTex")
+    assert not raw, f"{name}: TeX left in the text that MathJax never saw, e.g. {raw[:3]}"
 
 
-def test_some_page_has_typeset_math(reports: dict[Path, PageReport]) -> None:
+def test_some_page_has_typeset_math(report_of: Callable[[Path], PageReport]) -> None:
     """Guard against a vacuous pass: the book has formulas, so some must be typeset."""
-    typeset = {p.relative_to(HTML_DIR).as_posix(): r.math.get("mjx", 0)
-               for p, r in reports.items()}
+    typeset = {name: report_of(page).math.get("mjx", 0) for name, page in zip(PAGE_IDS, PAGES, strict=True)}
     assert sum(typeset.values()) > 0, f"no mjx-container on any page: {typeset}"
