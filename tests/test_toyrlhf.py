@@ -1,58 +1,139 @@
-"""Tests of kltutorial.toyrlhf (book section 11): exact helpers against closed forms, the proxy's
-fit, and the trainer against the exact optimum pi*_beta."""
+"""Tests of kltutorial.toyrlhf (book section 11): the configurations, the task and its proxy fit, the
+task's exact quantities, the trainer against the exact optimum pi*_beta, and the command line."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from kltutorial import AdaptiveKLController
+from kltutorial import sequences as seq
 from kltutorial import toyrlhf as toy
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _task(n_pairs: int = 100, seed: int = 0, data_set: int = 0, **config: float) -> toy.ToyTask:
+    """The task of book section 11: the data generator keyed by [seed, n_pairs, data set]."""
+    return toy.make_task(toy.TaskConfig(n_pairs=n_pairs, **config), rng=np.random.default_rng(seed),
+                         data_rng=np.random.default_rng([seed, n_pairs, data_set]))
+
+
+def _index(sequence: str) -> int:
+    """Row of a sequence such as "ab!c!" in task.space.sequences (the string read in base 8)."""
+    return int(np.ravel_multi_index([toy.VOCAB.index(c) for c in sequence], (8,) * toy.LENGTH))
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
 
 
 @pytest.fixture(scope="module")
 def task() -> toy.ToyTask:
-    return toy.make_task(seed=0, n_pairs=100)
+    return _task()
 
 
-def _logz(task: toy.ToyTask, beta: float) -> float:
-    return float(torch.logsumexp(task.ref_logprobs + task.proxy_reward / beta, 0))
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """The trainer's tensors are tiny: on a shared 2-core machine one thread is many times faster (the
+    library never sets it). Set for this module's tests only and restored after them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# --- the configurations ---------------------------------------------------------------------
+
+
+def test_configs_are_frozen_values_with_the_documented_defaults() -> None:
+    task_config, train_config = toy.TaskConfig(), toy.TrainConfig(beta=0.5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        task_config.n_pairs = 10  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        train_config.beta = 1.0  # type: ignore[misc]
+    assert dataclasses.astuple(task_config) == (100, 0.08, 1.0, 0.5, 3.0, 1.5, 0.5, 2.0, 0.0, 10.0)
+    assert dataclasses.astuple(train_config) == (0.5, 400, 2048, 0.1, 0.2)
+    assert toy.TrainConfig().beta is None  # a controller will set it
+    assert toy.TaskConfig(n_pairs=30) == toy.TaskConfig(n_pairs=30) != toy.TaskConfig(n_pairs=31)
+    assert len({toy.TrainConfig(beta=1.0), toy.TrainConfig(beta=1.0)}) == 1  # hashable, by value
+    assert dataclasses.replace(train_config, steps=10).steps == 10
+
+
+@pytest.mark.parametrize(
+    ("make", "exc", "message"),
+    [
+        (lambda: toy.TaskConfig(n_pairs=0), ValueError, "TaskConfig.n_pairs must be an int >= 1, got 0"),
+        (lambda: toy.TaskConfig(n_pairs=10.0), TypeError, "TaskConfig.n_pairs must be an int, got float"),
+        (lambda: toy.TaskConfig(n_pairs=True), TypeError, "TaskConfig.n_pairs must be an int, got bool"),
+        (lambda: toy.TaskConfig(bang_prob=1.0), ValueError, r"TaskConfig.bang_prob must lie in \(0, 1\)"),
+        (lambda: toy.TaskConfig(bang_prob=0), ValueError, "bang_prob"),
+        (lambda: toy.TaskConfig(dirichlet_alpha=-1.0), ValueError, "dirichlet_alpha must be a finite num"),
+        (lambda: toy.TaskConfig(bang_penalty=-1.5), ValueError, "bang_penalty must be a finite number >= 0"),
+        (lambda: toy.TaskConfig(repeat_penalty=math.inf), ValueError, "0 switches this term off"),
+        (lambda: toy.TaskConfig(label_temperature=0.0), ValueError, "label_temperature"),
+        (lambda: toy.TaskConfig(label_flip=0.5), ValueError, r"label_flip must lie in \[0, 0.5\)"),
+        (lambda: toy.TaskConfig(prior_precision=math.nan), ValueError, "prior_precision"),
+        (lambda: toy.TaskConfig(bang_bonus="3"), TypeError, "bang_bonus must be a real number, got str"),
+        (lambda: toy.TrainConfig(beta=-1.0), ValueError, "TrainConfig.beta must be a finite number > 0"),
+        (lambda: toy.TrainConfig(beta=0.0), ValueError, "leave it None only when a controller sets beta"),
+        (lambda: toy.TrainConfig(steps=0), ValueError, "TrainConfig.steps must be an int >= 1, got 0"),
+        (lambda: toy.TrainConfig(steps=1.5), TypeError, "TrainConfig.steps must be an int"),
+        (lambda: toy.TrainConfig(batch_size=1), ValueError, "leave-one-out baseline"),
+        (lambda: toy.TrainConfig(lr=-0.1), ValueError, "TrainConfig.lr must be a finite number > 0"),
+        (lambda: toy.TrainConfig(critic_min_step=1.5), ValueError, r"critic_min_step must lie in \(0, 1\]"),
+    ],
+)
+def test_config_validation_names_the_field_and_the_fix(make, exc: type[Exception], message: str) -> None:
+    with pytest.raises(exc, match=message):
+        make()
 
 
 # --- the task -------------------------------------------------------------------------------
 
 
 def test_task_enumerates_every_sequence_once(task: toy.ToyTask) -> None:
-    assert task.sequences.shape == (toy.S, toy.T) == (32768, 5)
-    assert task.sequences.dtype == torch.int64
-    assert torch.unique(task.sequences, dim=0).shape[0] == toy.S
-    for name in ("ref_logprobs", "gold_reward", "proxy_reward"):
-        assert getattr(task, name).shape == (toy.S,)
+    assert task.space == seq.SequenceSpace(8, 5) and task.space.n_sequences == 32768
+    assert task.space.sequences.shape == (32768, toy.LENGTH)
+    for name in ("ref_logprobs", "gold_reward", "proxy_reward", "bang_count"):
+        assert getattr(task, name).shape == (32768,)
+    assert task.ref_table.shape == (4681, 8) and task.ref_token_logprobs.shape == (32768, 5)
     assert abs(float(task.ref_logprobs.exp().sum()) - 1.0) < 1e-12
+    assert task.config == toy.TaskConfig() and task.pairs.shape == (100, 2)
 
 
 def test_reference_is_the_markov_chain(task: toy.ToyTask) -> None:
-    assert torch.allclose(task.ref_transition.sum(1), torch.ones(toy.V, dtype=torch.float64))
+    assert torch.allclose(task.ref_transition.sum(1), torch.ones(8, dtype=torch.float64))
+    assert float(task.ref_initial[toy.BANG]) == pytest.approx(0.08)
+    assert torch.allclose(task.ref_transition[:, toy.BANG], torch.full((8,), 0.08, dtype=torch.float64))
     rng = np.random.default_rng(1)
-    for i in rng.integers(0, toy.S, size=20):
-        y = task.sequences[i]
+    for i in rng.integers(0, task.space.n_sequences, size=20):
+        y = task.space.sequences[i]
         logp = task.ref_initial[y[0]].log() + sum(
-            task.ref_transition[y[t - 1], y[t]].log() for t in range(1, toy.T)
+            task.ref_transition[y[t - 1], y[t]].log() for t in range(1, toy.LENGTH)
         )
         assert abs(float(logp - task.ref_logprobs[i])) < 1e-12
+    # The table is the chain: the next-token table of the distribution over sequences is ref_table.
+    back = seq.next_token_logprobs(task.space, task.ref_logprobs)
+    torch.testing.assert_close(back, task.ref_table, rtol=0, atol=1e-10)
 
 
 def test_bang_is_rare_and_gold_saturates(task: toy.ToyTask) -> None:
-    multi = toy.bang_count_distribution(task, task.ref_logprobs)[2:].sum()
-    assert 0.02 < multi < 0.1  # "a few percent" of the reference mass
+    dist = toy.bang_count_distribution(task, task.ref_logprobs)
+    assert dist.shape == (toy.LENGTH + 1,) and dist.sum() == pytest.approx(1.0, abs=1e-12)
+    # P(no "!") = P(first is not "!") P(not "!" after anything)^4 = 0.92**5, the chain's own numbers.
+    assert dist[0] == pytest.approx(0.92**5, abs=1e-12)
+    assert 0.02 < dist[2:].sum() < 0.1  # "a few percent" of the reference mass
     # Gold reward differences in closed form (none of these sequences has a repeated neighbour).
-    idx = {s: int(np.ravel_multi_index([toy.VOCAB.index(c) for c in s], (toy.V,) * toy.T))
-           for s in ("abcde", "abcd!", "ab!c!")}
-    g = task.gold_reward
-    w = task.gold_token_weights
+    idx = {s: _index(s) for s in ("abcde", "abcd!", "ab!c!")}
+    g, w = task.gold_reward, task.gold_token_weights
     # "e" -> "!": lose w_e, gain the bonus 3; "d" -> a second "!": lose w_d, pay the penalty 1.5.
     assert float(g[idx["abcd!"]] - g[idx["abcde"]]) == pytest.approx(3.0 - float(w[4]), abs=1e-12)
     assert float(g[idx["ab!c!"]] - g[idx["abcd!"]]) == pytest.approx(-1.5 - float(w[3]), abs=1e-12)
@@ -64,84 +145,92 @@ def test_proxy_fits_its_pairs_and_fails_where_data_is_thin(task: toy.ToyTask) ->
     predicted = task.proxy_reward[a] > task.proxy_reward[b]
     accuracy = float((predicted == task.pair_labels).double().mean())
     assert accuracy > 0.6  # better than chance on its own (noisy) training labels
-    gen = torch.Generator().manual_seed(0)
+    torch.testing.assert_close(task.proxy_reward, task.features @ task.proxy_weights)
+    gen = _gen(0)
     overall = toy.ranking_agreement(task, 20_000, gen)
     thin = toy.ranking_agreement(task, 20_000, gen, min_bangs=2)
     assert overall > 0.7 and thin < overall - 0.05
-    # With few pairs the proxy extrapolates: each "!" beats every other token.
+    # With few pairs the proxy extrapolates: each "!" beats every other token, on top of "has a !".
     assert task.proxy_weights[toy.BANG] > task.proxy_weights[: toy.BANG].max()
+    assert task.proxy_weights[toy.HAS_BANG] > 0
 
 
-def test_same_seed_same_task_and_data_seed_changes_only_the_data() -> None:
-    t1, t2 = toy.make_task(seed=3, n_pairs=50), toy.make_task(seed=3, n_pairs=50)
+def test_proxy_is_the_map_estimate(task: toy.ToyTask) -> None:
+    """At the fitted weights the gradient of the penalised log-likelihood is zero."""
+    a, b = task.pairs[:, 0], task.pairs[:, 1]
+    w = task.proxy_weights.clone().requires_grad_(True)
+    diff = task.features[a] - task.features[b]
+    nll = torch.nn.functional.binary_cross_entropy_with_logits(diff @ w, task.pair_labels.double())
+    loss = nll + 0.5 * task.config.prior_precision * (w**2).sum() / len(a)
+    (grad,) = torch.autograd.grad(loss, w)
+    assert float(grad.abs().max()) < 1e-6
+
+
+def test_the_generators_decide_the_task() -> None:
+    t1, t2 = _task(50, seed=3), _task(50, seed=3)
     assert torch.equal(t1.proxy_reward, t2.proxy_reward)
-    t3 = toy.make_task(seed=3, n_pairs=50, data_seed=1)
+    t3 = _task(50, seed=3, data_set=1)  # another data generator: same chain and gold, other data
     assert torch.equal(t1.ref_logprobs, t3.ref_logprobs) and torch.equal(t1.gold_reward, t3.gold_reward)
     assert not torch.equal(t1.proxy_reward, t3.proxy_reward)
+    t4 = _task(50, seed=4)  # another chain
+    assert not torch.equal(t1.ref_logprobs, t4.ref_logprobs)
 
 
-# --- exact helpers --------------------------------------------------------------------------
+def test_config_fields_reach_the_task() -> None:
+    no_repeat = _task(30, repeat_penalty=0.0, bang_prob=0.2)
+    assert float(no_repeat.ref_initial[toy.BANG]) == pytest.approx(0.2)
+    aa, ab = _index("aabcd"), _index("abcad")
+    # Same token counts, one repeated pair: the gold rewards differ by the repeat penalty (0 here, else 0.5).
+    assert float(no_repeat.gold_reward[aa] - no_repeat.gold_reward[ab]) == pytest.approx(0.0, abs=1e-12)
+    default = _task(30)
+    assert float(default.gold_reward[aa] - default.gold_reward[ab]) == pytest.approx(-0.5, abs=1e-12)
 
 
-@pytest.mark.parametrize("beta", [0.1, 0.5, 2.0])
-def test_optimal_policy_closed_form(task: toy.ToyTask, beta: float) -> None:
-    logp = toy.exact_optimal_policy(task, beta)
-    assert abs(float(logp.exp().sum()) - 1.0) < 1e-12
-    kl = toy.sequence_kl(logp, task.ref_logprobs)
-    reward = toy.expected_reward(logp, task.proxy_reward)
-    # KL(pi* || pi_ref) = E*[r] / beta - log Z
-    assert abs(kl - (reward / beta - _logz(task, beta))) < 1e-9
-    # pi* maximises E[r] - beta KL: better than pi_ref and than the optimum of another beta.
-    j_opt = reward - beta * kl
-    for other in (task.ref_logprobs, toy.exact_optimal_policy(task, 2 * beta)):
-        j = toy.expected_reward(other, task.proxy_reward) - beta * toy.sequence_kl(other, task.ref_logprobs)
-        assert j < j_opt
+# --- the task's exact quantities ------------------------------------------------------------
 
 
-def test_sequence_kl_properties(task: toy.ToyTask) -> None:
-    p = toy.exact_optimal_policy(task, 0.3)
-    assert toy.sequence_kl(p, p) == pytest.approx(0.0, abs=1e-12)
-    assert toy.sequence_kl(p, task.ref_logprobs) > 0
-    assert toy.sequence_kl(p, task.ref_logprobs) != pytest.approx(toy.sequence_kl(task.ref_logprobs, p))
+def test_optimum_of_the_task_closed_form(task: toy.ToyTask) -> None:
+    for beta in (0.1, 0.5, 2.0):
+        logp = seq.optimal_policy(task.ref_logprobs, task.proxy_reward, beta)
+        kl = seq.sequence_kl(logp, task.ref_logprobs)
+        reward = seq.expected_reward(logp, task.proxy_reward)
+        log_z = float(torch.logsumexp(task.ref_logprobs + task.proxy_reward / beta, 0))
+        assert kl == pytest.approx(reward / beta - log_z, abs=1e-9)  # KL(pi* || pi_ref) = E*[r]/beta - log Z
+        j_opt = reward - beta * kl
+        for other in (task.ref_logprobs, seq.optimal_policy(task.ref_logprobs, task.proxy_reward, 2 * beta)):
+            j = seq.expected_reward(other, task.proxy_reward)
+            assert j - beta * seq.sequence_kl(other, task.ref_logprobs) < j_opt
 
 
-def test_frontier_is_monotone_in_beta(task: toy.ToyTask) -> None:
-    f = toy.exact_frontier(task, [2.0, 1.0, 0.5, 0.2, 0.1])
-    assert np.all(np.diff(f.kl) > 0) and np.all(np.diff(f.proxy) > 0)
+def test_frontier_of_the_task(task: toy.ToyTask) -> None:
+    betas = [2.0, 1.0, 0.5, 0.2, 0.1]
+    f = toy.exact_frontier(task, betas)
+    assert np.all(np.diff(f.kl) > 0) and np.all(np.diff(f.proxy) > 0) and f.reward == "proxy"
+    opt = seq.optimal_policy(task.ref_logprobs, task.proxy_reward, 0.2)
+    assert f.gold[3] == pytest.approx(seq.expected_reward(opt, task.gold_reward), abs=1e-12)
+    assert f.multi_bang[3] == pytest.approx(toy.bang_count_distribution(task, opt)[2:].sum(), abs=1e-12)
+    gold = toy.exact_frontier(task, betas, reward="gold")  # optimising the gold reward itself
+    assert np.all(np.diff(gold.gold) > 0) and np.all(gold.gold > f.gold)
 
 
-@pytest.mark.parametrize("n", [1, 2, 16, 256])
-def test_best_of_n(task: toy.ToyTask, n: int) -> None:
-    logp = toy.best_of_n_logprobs(task, n)
-    assert abs(float(logp.exp().sum()) - 1.0) < 1e-9
-    kl = toy.sequence_kl(logp, task.ref_logprobs)
-    assert kl <= toy.best_of_n_kl_bound(n) + 1e-9
-    # P(best score <= r) = F(r)^n at every distinct score r.
-    r = task.proxy_reward
-    values, group = torch.unique(r, return_inverse=True)
-    ref_mass = torch.zeros(len(values), dtype=torch.float64).index_add_(0, group, task.ref_logprobs.exp())
-    bon_mass = torch.zeros(len(values), dtype=torch.float64).index_add_(0, group, logp.exp())
-    assert torch.allclose(bon_mass.cumsum(0), ref_mass.cumsum(0).clamp(max=1) ** n, atol=1e-9)
-    if n == 1:
-        assert torch.allclose(logp, task.ref_logprobs, atol=1e-9)
+@pytest.mark.parametrize("n", [1, 16, 4096])
+def test_best_of_n_on_the_tied_proxy(task: toy.ToyTask, n: int) -> None:
+    """The proxy is linear in token counts, so many sequences tie: the exact KL stays below the formula,
+    and far below it once n is large enough for the best reward value to be drawn more than once."""
+    assert torch.unique(task.proxy_reward).shape[0] < task.space.n_sequences / 10
+    logp = seq.best_of_n_logprobs(task.ref_logprobs, task.proxy_reward, n)
+    kl = seq.sequence_kl(logp, task.ref_logprobs)
+    assert kl <= seq.best_of_n_kl_bound(n) + 1e-9
+    if n == 4096:
+        assert kl < seq.best_of_n_kl_bound(n) - 0.05
 
 
-def test_best_of_n_without_ties_approaches_the_formula(task: toy.ToyTask) -> None:
-    scores = torch.randperm(toy.S, generator=torch.Generator().manual_seed(0)).to(torch.float64)
-    untied = dataclasses.replace(task, proxy_reward=scores)
-    for n in (2, 8):
-        kl = toy.sequence_kl(toy.best_of_n_logprobs(untied, n), task.ref_logprobs)
-        assert toy.best_of_n_kl_bound(n) - 0.01 < kl <= toy.best_of_n_kl_bound(n)
-
-
-def test_token_logprobs_and_per_position_kl_chain_rule(task: toy.ToyTask) -> None:
-    logp = toy.exact_optimal_policy(task, 0.2)
-    tok = toy.token_logprobs(logp)
-    assert torch.allclose(tok.sum(1), logp, atol=1e-9)
-    assert torch.allclose(toy.token_logprobs(task.ref_logprobs), task.ref_token_logprobs, atol=1e-9)
-    per_pos = toy.per_position_kl(task, logp)
-    assert per_pos.shape == (toy.T,) and np.all(per_pos >= 0)
-    assert per_pos.sum() == pytest.approx(toy.sequence_kl(logp, task.ref_logprobs), abs=1e-9)
+def test_per_position_kl_of_the_optimum(task: toy.ToyTask) -> None:
+    logp = seq.optimal_policy(task.ref_logprobs, task.proxy_reward, 0.2)
+    table = seq.next_token_logprobs(task.space, logp)
+    per_pos = seq.per_position_kl(task.space, table, task.ref_table)
+    assert per_pos.shape == (toy.LENGTH,) and torch.all(per_pos > 0)
+    assert float(per_pos.sum()) == pytest.approx(seq.sequence_kl(logp, task.ref_logprobs), abs=1e-9)
 
 
 # --- training -------------------------------------------------------------------------------
@@ -149,75 +238,147 @@ def test_token_logprobs_and_per_position_kl_chain_rule(task: toy.ToyTask) -> Non
 
 def test_trained_policy_reaches_the_exact_optimum(task: toy.ToyTask) -> None:
     beta = 0.5
-    run = toy.train_policy(task, beta=beta, steps=150, batch_size=1024, seed=0)
-    assert toy.sequence_kl(run.logprobs, toy.exact_optimal_policy(task, beta)) <= 0.05
+    run = toy.train_policy(task, toy.TrainConfig(beta=beta, steps=150, batch_size=1024), generator=_gen())
+    optimum = seq.optimal_policy(task.ref_logprobs, task.proxy_reward, beta)
+    assert seq.sequence_kl(run.logprobs, optimum) <= 0.05
+    assert seq.sequence_kl(run.logprobs, optimum) < 0.1 * seq.sequence_kl(task.ref_logprobs, optimum)
     assert run.kl.shape == run.proxy.shape == run.gold.shape == run.kl_sampled.shape == (150,)
     assert run.beta.shape == (151,) and np.all(run.beta == beta)
     assert run.kl[0] == pytest.approx(0.0, abs=1e-12)  # step 0 samples from pi_ref
+    assert run.proxy[0] == pytest.approx(seq.expected_reward(task.ref_logprobs, task.proxy_reward), abs=1e-12)
     assert abs(float(run.logprobs.exp().sum()) - 1.0) < 1e-9
     # The sampled KL the controller sees tracks the exact KL.
     assert abs(run.kl_sampled[-20:].mean() - run.kl[-20:].mean()) < 0.1
 
 
-def test_training_is_deterministic(task: toy.ToyTask) -> None:
-    a = toy.train_policy(task, beta=1.0, steps=20, batch_size=256, seed=7)
-    b = toy.train_policy(task, beta=1.0, steps=20, batch_size=256, seed=7)
-    c = toy.train_policy(task, beta=1.0, steps=20, batch_size=256, seed=8)
+def test_training_depends_only_on_the_generator(task: toy.ToyTask) -> None:
+    config = toy.TrainConfig(beta=1.0, steps=20, batch_size=256)
+    a = toy.train_policy(task, config, generator=_gen(7))
+    torch.manual_seed(999)  # the global generator plays no part
+    b = toy.train_policy(task, config, generator=_gen(7))
+    c = toy.train_policy(task, config, generator=_gen(8))
     assert torch.equal(a.logprobs, b.logprobs) and np.array_equal(a.kl, b.kl)
     assert not torch.equal(a.logprobs, c.logprobs)
+    g = _gen(7)
+    before = g.get_state()
+    toy.train_policy(task, dataclasses.replace(config, steps=2), generator=g)
+    assert not torch.equal(g.get_state(), before)  # it drew its batches from the caller's generator
 
 
 def test_controller_sets_beta_each_step(task: toy.ToyTask) -> None:
     ctrl = AdaptiveKLController(init_kl_coef=0.05, target=0.5, horizon=2000)
-    run = toy.train_policy(task, controller=ctrl, steps=30, batch_size=256)
+    run = toy.train_policy(task, toy.TrainConfig(steps=30, batch_size=256), controller=ctrl, generator=_gen())
     np.testing.assert_allclose(run.beta, ctrl.history.beta)
     np.testing.assert_allclose(run.kl_sampled, ctrl.history.kl)
     assert run.beta[-1] > run.beta[0]  # the KL overshot the small target, so beta rose
 
 
-def test_train_policy_restores_thread_count(task: toy.ToyTask) -> None:
+def test_training_leaves_process_settings_alone(task: toy.ToyTask, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object) -> None:
+        raise AssertionError("train_policy must not change process-wide settings")
+
+    monkeypatch.setattr(torch, "set_num_threads", refuse)
+    monkeypatch.setattr(torch, "manual_seed", refuse)
     before = torch.get_num_threads()
-    toy.train_policy(task, beta=1.0, steps=2, batch_size=8)
+    toy.train_policy(task, toy.TrainConfig(beta=1.0, steps=2, batch_size=8), generator=_gen())
     assert torch.get_num_threads() == before
 
 
-# --- validation and command line ------------------------------------------------------------
+# --- bad arguments --------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("call", "exc", "name"),
+    ("call", "exc", "match"),
     [
-        (lambda t: toy.make_task(n_pairs=0), ValueError, "n_pairs"),
-        (lambda t: toy.make_task(seed=1.5), TypeError, "seed"),
-        (lambda t: toy.make_task(bang_prob=1.0), ValueError, "bang_prob"),
-        (lambda t: toy.make_task(label_flip=0.5), ValueError, "label_flip"),
-        (lambda t: toy.train_policy(t), ValueError, "beta"),
-        (lambda t: toy.train_policy(t, beta=0.1, controller=AdaptiveKLController()), ValueError, "beta"),
-        (lambda t: toy.train_policy(t, beta=-1.0), ValueError, "beta"),
-        (lambda t: toy.train_policy(t, controller="adaptive"), TypeError, "controller"),
-        (lambda t: toy.train_policy(t, beta=1.0, batch_size=1), ValueError, "batch_size"),
-        (lambda t: toy.train_policy(t, beta=1.0, steps=0), ValueError, "steps"),
-        (lambda t: toy.train_policy("task", beta=1.0), TypeError, "task"),
-        (lambda t: toy.exact_optimal_policy(t, 0.0), ValueError, "beta"),
-        (lambda t: toy.exact_optimal_policy(t, 1.0, reward="human"), ValueError, "reward"),
-        (lambda t: toy.best_of_n_logprobs(t, 0), ValueError, "n"),
-        (lambda t: toy.sequence_kl(t.ref_logprobs[:5], t.ref_logprobs), ValueError, "logp"),
+        (lambda t: toy.make_task({"n_pairs": 10}, np.random.default_rng(), np.random.default_rng()),
+         TypeError, "config must be a TaskConfig"),
+        (lambda t: toy.make_task(toy.TaskConfig(), 0, np.random.default_rng()), TypeError,
+         "rng must be a numpy.random.Generator"),
+        (lambda t: toy.make_task(toy.TaskConfig(), np.random.default_rng(), None), TypeError, "data_rng"),
+        (lambda t: toy.train_policy(t, toy.TrainConfig(), generator=_gen()), ValueError, "not neither"),
+        (lambda t: toy.train_policy(t, toy.TrainConfig(beta=0.1), controller=AdaptiveKLController(),
+                                    generator=_gen()), ValueError, "not both"),
+        (lambda t: toy.train_policy(t, toy.TrainConfig(), controller="adaptive", generator=_gen()), TypeError,
+         "controller must be a KLController"),
+        (lambda t: toy.train_policy(t, {"beta": 1.0}, generator=_gen()), TypeError,
+         "config must be a TrainConfig"),
+        (lambda t: toy.train_policy(t, toy.TrainConfig(beta=1.0), generator=0), TypeError,
+         "generator must be a torch.Generator"),
+        (lambda t: toy.train_policy("task", toy.TrainConfig(beta=1.0), generator=_gen()), TypeError,
+         "task must be a ToyTask"),
         (lambda t: toy.exact_frontier(t, [1.0, -1.0]), ValueError, "betas"),
-        (lambda t: toy.ranking_agreement(t, 10, torch.Generator(), min_bangs=9), ValueError,
-         "min_bangs"),
+        (lambda t: toy.exact_frontier(t, [1.0], reward="human"), ValueError, "reward must be one of"),
+        (lambda t: toy.bang_count_distribution(t, t.ref_logprobs[:5]), ValueError,
+         "logprobs must be a tensor of shape"),
+        (lambda t: toy.ranking_agreement(t, 10, _gen(), min_bangs=9), ValueError, "min_bangs"),
+        (lambda t: toy.ranking_agreement(t, 0, _gen()), ValueError, "n must be >= 1"),
     ],
 )
-def test_bad_arguments_are_named(task: toy.ToyTask, call, exc, name: str) -> None:
-    with pytest.raises(exc, match=name):
+def test_bad_arguments_are_named(task: toy.ToyTask, call, exc: type[Exception], match: str) -> None:
+    with pytest.raises(exc, match=match):
         call(task)
 
 
+# --- command line ---------------------------------------------------------------------------
+
+
 def test_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    threads = torch.get_num_threads()
     rows = toy.main(["--steps", "60", "--batch-size", "512", "--betas", "1.0"])
     assert len(rows) == 1 and rows[0]["beta"] == 1.0 and rows[0]["kl_to_opt"] < 0.1
+    assert rows[0]["opt_kl"] == pytest.approx(toy.exact_frontier(_task(), [1.0]).kl[0], abs=1e-12)
     assert "KL(pi||pi*)" in capsys.readouterr().out
-    for bad, name in ((["--betas", "-1"], "betas"), (["--steps", "0"], "steps"),
-                      (["--n-pairs", "0"], "n_pairs"), (["--lr", "-0.1"], "lr")):
-        with pytest.raises(SystemExit):
-            toy.main(bad)
-        assert name in capsys.readouterr().err
+    assert torch.get_num_threads() == threads  # only `python -m` sets the thread count, for itself
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--betas", "1", "-1"], "TrainConfig.beta must be a finite number > 0, got -1.0"),
+        (["--steps", "0"], "TrainConfig.steps must be an int >= 1, got 0"),
+        (["--batch-size", "1"], "TrainConfig.batch_size must be an int >= 2"),
+        (["--n-pairs", "0"], "TaskConfig.n_pairs must be an int >= 1, got 0"),
+        (["--lr", "-0.1"], "TrainConfig.lr must be a finite number > 0"),
+        (["--seed", "-1"], "--seed must be >= 0"),
+    ],
+)
+def test_command_line_reports_bad_values_as_usage_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        toy.main(argv)
+    assert exit_info.value.code == 2  # argparse's usage error
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m kltutorial.toyrlhf") and f"error: {message}" in err
+
+
+def test_python_dash_m_runs_the_command_line() -> None:
+    done = subprocess.run([sys.executable, "-m", "kltutorial.toyrlhf", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "--betas" in done.stdout and done.stderr == ""
+
+
+# --- the result objects in the figures of section 11 -------------------------------------------
+
+
+def test_section_11_figures_read_the_real_results(task: toy.ToyTask) -> None:
+    """The figures' own tests (tests/test_plotting_experiment.py) use stand-ins; this checks that the
+    real ToyFrontier and TrainResult carry the attributes the figures read."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kltutorial import plotting
+
+    front = toy.exact_frontier(task, [2.0, 1.0, 0.5])
+    axes = plotting.plot_toy_frontier(front)
+    np.testing.assert_allclose(axes[0].lines[0].get_xdata(), front.kl)
+    np.testing.assert_allclose(axes[1].lines[0].get_ydata(), front.gold)
+    run = toy.train_policy(task, toy.TrainConfig(beta=1.0, steps=3, batch_size=8), generator=_gen())
+    grid = plotting.plot_toy_controllers({"fixed": run}, target_kl=1.0)
+    drawn = [line.get_ydata() for line in grid[0, 0].lines]
+    assert any(len(y) == len(run.kl) and np.allclose(y, run.kl) for y in drawn)
+    np.testing.assert_allclose(run.penalized_proxy, run.proxy - 1.0 * run.kl)
+    plt.close("all")

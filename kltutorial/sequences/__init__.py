@@ -1,0 +1,69 @@
+r"""Exact probabilities on a sequence space small enough to list (book sections 3, 5 and 11).
+
+Sequences of :math:`T` tokens from a vocabulary of :math:`V`: while :math:`V^T` is at most a few million,
+every sequence can be listed, and every probability, KL divergence and expected reward is a finite sum,
+computed exactly instead of estimated. Section 3 checks the chain rule on such a space, section 5
+computes the closed-form optimum :math:`\pi^*_\beta` and its reward–KL frontier, and section 11 trains
+a policy on one and measures it against both. Nothing here knows about any particular task.
+
+Two representations, and the functions that go between them:
+
+* an autoregressive model is a **next-token table**, one row of log-probabilities per prefix,
+  ``table[h, v]`` :math:`= \log \pi(v \mid h)`. The rows of the prefixes of length :math:`L` are
+  ``space.offsets[L]`` to ``space.offsets[L + 1] - 1``, in lexicographic order, so the prefix
+  :math:`y_{<t}` has row ``offsets[t]`` + (:math:`y_{<t}` read as a number in base :math:`V`). A model
+  given by logits :math:`z` has the table ``torch.log_softmax(z, dim=-1)``.
+* a **distribution over sequences** is a tensor of :math:`V^T` log-probabilities in the order of
+  ``space.sequences``, where sequence :math:`i` is :math:`i` written in base :math:`V`, most significant
+  token first. The functions of distributions (KL, expected reward, :math:`\pi^*_\beta`, best-of-n,
+  sampling) work for any finite distribution and need no space.
+
+The formulas, each in its function's docstring:
+
+1. the chain rule of probability, :math:`\log \pi(y) = \sum_t \log \pi(y_t \mid y_{<t})`
+   (:func:`sequence_logprobs`), and back (:func:`next_token_logprobs`);
+2. the chain rule of KL (Cover and Thomas, *Elements of Information Theory*, Theorem 2.5.3),
+   :math:`\mathrm{KL}(\pi \| \pi_\mathrm{ref}) = \sum_t \mathbb{E}_{y_{<t} \sim \pi}\,
+   \mathrm{KL}(\pi(\cdot \mid y_{<t}) \| \pi_\mathrm{ref}(\cdot \mid y_{<t}))`
+   (:func:`sequence_kl`, :func:`per_position_kl`);
+3. the optimum of the KL-penalised objective, :math:`\pi^*_\beta(y) \propto \pi_\mathrm{ref}(y)\,
+   e^{r(y)/\beta}` (Korbak et al. 2022; Rafailov et al. 2023, eq. 4), and its frontier
+   (:func:`optimal_policy`, :func:`optimal_frontier`);
+4. best-of-n sampling, exactly, and the formula :math:`\log n - (n-1)/n` for its KL, which is an upper
+   bound on a finite space (Stiennon et al. 2020; :func:`best_of_n_logprobs`, :func:`best_of_n_kl_bound`).
+
+Shapes: V vocabulary, T positions, V**T sequences, P = 1 + V + ... + V**(T-1) prefixes (the rows of a
+next-token table), N samples, K values of β.
+"""
+
+from .optimum import Frontier, best_of_n_kl_bound, best_of_n_logprobs, optimal_frontier, optimal_policy
+from .space import (
+    MAX_SEQUENCES,
+    SequenceSpace,
+    expected_reward,
+    next_token_logprobs,
+    per_position_kl,
+    sample_autoregressive,
+    sample_sequences,
+    sequence_kl,
+    sequence_logprobs,
+    token_logprobs,
+)
+
+__all__ = [
+    "MAX_SEQUENCES",
+    "SequenceSpace",
+    "Frontier",
+    "sequence_logprobs",
+    "token_logprobs",
+    "next_token_logprobs",
+    "sequence_kl",
+    "per_position_kl",
+    "expected_reward",
+    "optimal_policy",
+    "optimal_frontier",
+    "best_of_n_logprobs",
+    "best_of_n_kl_bound",
+    "sample_sequences",
+    "sample_autoregressive",
+]

@@ -1,0 +1,230 @@
+r"""The optimum of the KL-penalised objective and best-of-n, exactly (book sections 5 and 11).
+
+Both are distributions built from :math:`\pi_\mathrm{ref}` and a reward over a listed space: the
+closed-form optimum :math:`\pi^*_\beta \propto \pi_\mathrm{ref}\, e^{r/\beta}` with its reward–KL
+frontier, and the distribution of the best of n draws. They work for any finite distribution (tensors of
+V**T log-probs); the package's introduction is in :mod:`kltutorial.sequences`. K is the number of β values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .._validation import check_positive, check_positive_int
+from .space import _check_logprobs, _check_values, _sequence_kl
+
+__all__ = ["Frontier", "optimal_policy", "optimal_frontier", "best_of_n_logprobs", "best_of_n_kl_bound"]
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """Exact reward and KL of the optimal policies :math:`\\pi^*_\\beta` over a grid of β.
+
+    Attributes
+    ----------
+    betas : ndarray, shape (K,)
+        β, in the order given.
+    kl : ndarray, shape (K,)
+        :math:`\\mathrm{KL}(\\pi^*_\\beta \\| \\pi_\\mathrm{ref})` in nats.
+    reward : ndarray, shape (K,)
+        :math:`\\mathbb{E}_{\\pi^*_\\beta}[r]`, the reward being optimised.
+    measures : dict of str to ndarray, shape (K,)
+        The expectation under :math:`\\pi^*_\\beta` of each function passed as ``measures``.
+    """
+
+    betas: np.ndarray
+    kl: np.ndarray
+    reward: np.ndarray
+    measures: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def _check_betas(betas: object) -> np.ndarray:
+    try:
+        arr = np.asarray(betas, dtype=float).reshape(-1)
+    except (TypeError, ValueError):
+        raise TypeError(f"betas must be a sequence of numbers, got {type(betas).__name__}") from None
+    if arr.size == 0 or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+        raise ValueError(f"betas must be a non-empty sequence of finite numbers > 0, got {betas!r}")
+    return arr
+
+
+# ----------------------------------------------------------------------------------------------------
+# The optimum of the KL-penalised objective
+
+
+def optimal_policy(ref_logprobs: torch.Tensor, reward: torch.Tensor, beta: float) -> torch.Tensor:
+    """Log-probs of :math:`\\pi^*_\\beta(y) = \\pi_\\mathrm{ref}(y)\\, e^{r(y)/\\beta} / Z_\\beta`.
+
+    It maximises :math:`J(\\pi) = \\mathbb{E}_\\pi[r] - \\beta\\,\\mathrm{KL}(\\pi \\| \\pi_\\mathrm{ref})`:
+    for every :math:`\\pi`, :math:`J(\\pi^*_\\beta) - J(\\pi) = \\beta\\,\\mathrm{KL}(\\pi \\| \\pi^*_\\beta)
+    \\ge 0`, and :math:`\\mathrm{KL}(\\pi^*_\\beta \\| \\pi_\\mathrm{ref})
+    = \\mathbb{E}_{\\pi^*_\\beta}[r]/\\beta - \\log Z_\\beta`. Normalised in log space (``logsumexp``), so
+    it is exact for small β, where :math:`e^{r/\\beta}` overflows. As :math:`\\beta \\to \\infty` it tends
+    to :math:`\\pi_\\mathrm{ref}`; as :math:`\\beta \\to 0`, to :math:`\\pi_\\mathrm{ref}` restricted to
+    the maximisers of r.
+
+    Parameters
+    ----------
+    ref_logprobs : Tensor, shape (V**T,)
+        :math:`\\log \\pi_\\mathrm{ref}`.
+    reward : Tensor, shape (V**T,)
+        :math:`r`, finite.
+    beta : float
+        :math:`\\beta` > 0.
+
+    Returns
+    -------
+    Tensor, shape (V**T,)
+
+    Examples
+    --------
+    >>> ref = torch.tensor([0.5, 0.5], dtype=torch.float64).log()
+    >>> optimal_policy(ref, torch.tensor([1.0, 3.0], dtype=torch.float64).log(), beta=1.0).exp()
+    tensor([0.2500, 0.7500], dtype=torch.float64)
+    """
+    ref_logprobs = _check_logprobs(ref_logprobs, "ref_logprobs")
+    reward = _check_values(reward, "reward", ref_logprobs.shape[0])
+    beta = check_positive(beta, "beta")
+    return _optimal_policy(ref_logprobs, reward, beta)
+
+
+def _optimal_policy(ref_logprobs: torch.Tensor, reward: torch.Tensor, beta: float) -> torch.Tensor:
+    logits = ref_logprobs + reward / beta  # log pi_ref + r / beta
+    return logits - torch.logsumexp(logits, 0)  # - log Z_beta
+
+
+def optimal_frontier(
+    ref_logprobs: torch.Tensor,
+    reward: torch.Tensor,
+    betas: Sequence[float] | np.ndarray,
+    measures: Mapping[str, torch.Tensor] | None = None,
+) -> Frontier:
+    """The exact reward–KL frontier: :math:`(\\mathrm{KL}(\\pi^*_\\beta \\| \\pi_\\mathrm{ref}),
+    \\mathbb{E}_{\\pi^*_\\beta}[r])` for each β in ``betas``.
+
+    No policy reaches a higher expected reward at the same KL from :math:`\\pi_\\mathrm{ref}` (each
+    :math:`\\pi^*_\\beta` maximises :math:`\\mathbb{E}[r] - \\beta\\,\\mathrm{KL}`). Both coordinates
+    increase as β falls.
+
+    Parameters
+    ----------
+    ref_logprobs, reward : Tensor, shape (V**T,)
+    betas : sequence of float, length K
+        Each > 0.
+    measures : dict of str to Tensor, shape (V**T,), optional
+        Other functions of the sequence (a second reward, an indicator) whose expectation under each
+        :math:`\\pi^*_\\beta` to report.
+
+    Returns
+    -------
+    Frontier
+
+    Examples
+    --------
+    >>> ref = torch.tensor([0.5, 0.5], dtype=torch.float64).log()
+    >>> f = optimal_frontier(ref, torch.tensor([1.0, 3.0], dtype=torch.float64).log(), [1.0])
+    >>> f.reward.round(4), f.kl.round(4)  # pi* = (1/4, 3/4): E r = 0.75 log 3, KL = 0.1308
+    (array([0.824]), array([0.1308]))
+    """
+    ref_logprobs = _check_logprobs(ref_logprobs, "ref_logprobs")
+    size = ref_logprobs.shape[0]
+    reward = _check_values(reward, "reward", size)
+    betas = _check_betas(betas)
+    measures = dict(measures or {})
+    for name, values in measures.items():
+        _check_values(values, f"measures[{name!r}]", size)
+    kl, expected = [], []
+    extra: dict[str, list[float]] = {name: [] for name in measures}
+    for beta in betas:
+        logp = _optimal_policy(ref_logprobs, reward, float(beta))
+        p = logp.exp()
+        kl.append(_sequence_kl(logp, ref_logprobs))
+        expected.append(float((p * reward).sum()))
+        for name, values in measures.items():
+            extra[name].append(float((p * values).sum()))
+    return Frontier(
+        betas=betas,
+        kl=np.array(kl),
+        reward=np.array(expected),
+        measures={name: np.array(v) for name, v in extra.items()},
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Best-of-n
+
+
+def best_of_n_logprobs(ref_logprobs: torch.Tensor, reward: torch.Tensor, n: int) -> torch.Tensor:
+    """Exact log-probs of best-of-n: draw n sequences from :math:`\\pi_\\mathrm{ref}`, keep the best.
+
+    With :math:`F(r) = \\pi_\\mathrm{ref}(r(Y) \\le r)`, the best of n draws has a reward at most r with
+    probability :math:`F(r)^n`. The sequences that share one reward value r therefore get
+    :math:`F(r)^n - F(r^-)^n` together, split among them in proportion to :math:`\\pi_\\mathrm{ref}` (ties
+    between draws broken uniformly at random). Computed as :math:`n \\log F(r) + \\log(1 - (F(r^-)/F(r))^n)`,
+    which keeps its precision when both powers are tiny.
+
+    Parameters
+    ----------
+    ref_logprobs, reward : Tensor, shape (V**T,)
+    n : int
+        Number of draws, >= 1 (n = 1 is :math:`\\pi_\\mathrm{ref}`).
+
+    Returns
+    -------
+    Tensor, shape (V**T,)
+        ``-inf`` where the probability is 0 (or underflows).
+
+    Examples
+    --------
+    Two sequences, equally likely under the reference, rewards 0 and 1: the best of two draws has reward
+    0 only if both draws do, with probability 1/4.
+
+    >>> ref = torch.tensor([0.5, 0.5], dtype=torch.float64).log()
+    >>> best_of_n_logprobs(ref, torch.tensor([0.0, 1.0], dtype=torch.float64), n=2).exp()
+    tensor([0.2500, 0.7500], dtype=torch.float64)
+    """
+    ref_logprobs = _check_logprobs(ref_logprobs, "ref_logprobs")
+    reward = _check_values(reward, "reward", ref_logprobs.shape[0])
+    n = check_positive_int(n, "n")
+    values, group = torch.unique(reward, return_inverse=True)  # sorted ascending
+    ref_p = ref_logprobs.exp()
+    group_mass = torch.zeros(values.shape[0], dtype=ref_p.dtype).index_add_(0, group, ref_p)
+    cdf_above = group_mass.cumsum(0).clamp(max=1.0)  # F(r)
+    cdf_below = torch.cat([torch.zeros(1, dtype=ref_p.dtype), cdf_above[:-1]])  # F(r^-)
+    # log(F(r)^n - F(r^-)^n) = n log F(r) + log(1 - (F(r^-) / F(r))^n)
+    log_above = n * cdf_above.log()
+    ratio_n = torch.exp(n * (cdf_below.log() - cdf_above.log()))
+    log_group = log_above + torch.log1p(-ratio_n)
+    logp = ref_logprobs - group_mass.log()[group] + log_group[group]
+    logp = torch.where(ref_p > 0, logp, torch.full_like(logp, -torch.inf))  # never drawn, never best
+    return logp - torch.logsumexp(logp, 0)  # renormalise away rounding
+
+
+def best_of_n_kl_bound(n: int | np.ndarray) -> float | np.ndarray:
+    """The best-of-n KL formula, :math:`\\log n - (n - 1)/n` nats.
+
+    Exact for a reward with a continuous distribution; on a finite space the same sequence (or the same
+    reward value) can be drawn twice, and the exact KL of :func:`best_of_n_logprobs` is below it.
+
+    Parameters
+    ----------
+    n : int or ndarray of int
+        >= 1.
+
+    Examples
+    --------
+    >>> round(best_of_n_kl_bound(2), 4)  # log 2 - 1/2; two equally likely sequences give 0.1308
+    0.1931
+    """
+    n_arr = np.asarray(n)
+    if n_arr.dtype == bool or not np.issubdtype(n_arr.dtype, np.integer):
+        raise TypeError(f"n must be an int or an array of ints, got {n!r}")
+    if n_arr.size == 0 or np.any(n_arr < 1):
+        raise ValueError(f"n must be >= 1 (the number of draws), got {n!r}")
+    n_arr = n_arr.astype(float)
+    out = np.log(n_arr) - (n_arr - 1.0) / n_arr
+    return float(out) if out.ndim == 0 else out
