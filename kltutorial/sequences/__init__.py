@@ -32,6 +32,9 @@ The formulas, each in its function's docstring:
 4. best-of-n sampling, exactly, and the formula :math:`\log n - (n-1)/n` for its KL, which is an upper
    bound on a finite space (Stiennon et al. 2020; :func:`best_of_n_logprobs`, :func:`best_of_n_kl_bound`).
 
+Two modules: ``space`` (the listed sequences, tables and distributions, KL, sampling: items 1 and 2) and
+``optimum`` (:math:`\pi^*_\beta`, its frontier, best-of-n: items 3 and 4); import both from here.
+
 Shapes: V vocabulary, T positions, V**T sequences, P = 1 + V + ... + V**(T-1) prefixes (the rows of a
 next-token table), N samples, K values of β.
 """

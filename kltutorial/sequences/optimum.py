@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .._validation import check_positive, check_positive_int
-from .space import _check_logprobs, _check_values, _sequence_kl
+from .space import _check_logprobs, _check_values, _expected_value, _sequence_kl
 
 __all__ = ["Frontier", "optimal_policy", "optimal_frontier", "best_of_n_logprobs", "best_of_n_kl_bound"]
 
@@ -141,11 +141,10 @@ def optimal_frontier(
     extra: dict[str, list[float]] = {name: [] for name in measures}
     for beta in betas:
         logp = _optimal_policy(ref_logprobs, reward, float(beta))
-        p = logp.exp()
         kl.append(_sequence_kl(logp, ref_logprobs))
-        expected.append(float((p * reward).sum()))
+        expected.append(_expected_value(logp, reward))
         for name, values in measures.items():
-            extra[name].append(float((p * values).sum()))
+            extra[name].append(_expected_value(logp, values))
     return Frontier(
         betas=betas,
         kl=np.array(kl),

@@ -363,7 +363,11 @@ def expected_reward(logp: torch.Tensor, reward: torch.Tensor) -> float:
     """
     logp = _check_logprobs(logp, "logp")
     reward = _check_values(reward, "reward", logp.shape[0])
-    return float((logp.exp() * reward).sum())
+    return _expected_value(logp, reward)
+
+
+def _expected_value(logp: torch.Tensor, values: torch.Tensor) -> float:
+    return float((logp.exp() * values).sum())  # sum_y p(y) f(y); 0 where p(y) = 0
 
 # ----------------------------------------------------------------------------------------------------
 # Sampling
