@@ -10,10 +10,16 @@ module                      what it holds                                       
 ``estimators``              registry of KL estimators; masking, reduction       4, 8, 9
 ``objective``               per-token reward shaping; the penalised objective   5, 8
 ``controllers``             fixed, proportional, doubling, exponential beta     7, 8
+``sequences``               exact maths of a listable sequence space: chain     3, 5, 11
+                            rule, pi*_beta and its frontier, best-of-n
 ``simulate``                the (invented) training-dynamics models of §10      10
+``patterns``                hand-made per-token KL curves of §10                10
 ``toyrlhf``                 a real RLHF run on an enumerable output space       11
-``plotting``                the book's figures, one house style                 all
+``plotting``                the book's figures: one style module, one module    all
+                            per family of figures
 ``bench``                   memory/time benchmark of the log-prob kernels       12
+``bench_simulation``        the vectorised §10 model against a scalar loop      12
+``display``                 shows the package's own source on a page            all
 ==========================  ==================================================  =========
 
 Shape vocabulary used in every docstring: ``B`` batch, ``T`` tokens (positions), ``V`` vocabulary,

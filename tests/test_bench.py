@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from kltutorial import bench
+from kltutorial import bench, bench_simulation
 from kltutorial.logprobs import naive_logprobs_for_tokens
 from kltutorial.simulate import TrainingNoise, draw_training_noise, simulate_training_trajectory
 
@@ -27,8 +27,8 @@ def test_trl_style_baseline_matches_naive():
 
 
 def test_scalar_baseline_first_steps_by_hand():
-    kl, reward = bench.scalar_training_trajectory(0.25, np.array([1.0, -4.0]), np.array([0.0, 1.0]),
-                                                  noise_scale=0.5)
+    kl, reward = bench_simulation.scalar_training_trajectory(
+        0.25, np.array([1.0, -4.0]), np.array([0.0, 1.0]), noise_scale=0.5)
     # KL* = 6: KL_1 = 0.08 * 6 + 0.5 = 0.98, KL_2 = max(0, 0.98 + 0.08 * 5.02 - 2) = 0.
     np.testing.assert_allclose(kl, [0.0, 0.98, 0.0], atol=1e-15)
     np.testing.assert_allclose(reward, [0.0, 2 * (1 - math.exp(-0.196)), 0.5], atol=1e-15)
@@ -39,30 +39,31 @@ def test_scalar_baseline_equals_the_vectorised_simulation():
     res = simulate_training_trajectory([0.0, 0.5], noise=noise)
     for k, beta in enumerate([0.0, 0.5]):
         for n in range(3):
-            kl, reward = bench.scalar_training_trajectory(beta, noise.kl[n], noise.reward[n])
+            kl, reward = bench_simulation.scalar_training_trajectory(beta, noise.kl[n], noise.reward[n])
             np.testing.assert_array_equal(kl, res.kl[k, n])
             np.testing.assert_allclose(reward, res.reward[k, n], rtol=1e-13, atol=1e-14)
 
 
 def test_simulation_benchmark():
-    result = bench.simulation_benchmark(betas=(0.0, 0.5), n_seeds=4, n_steps=30, repeats=1,
+    result = bench_simulation.simulation_benchmark(betas=(0.0, 0.5), n_seeds=4, n_steps=30, repeats=1,
                                         rng=np.random.default_rng(0))
     assert result["max_abs_diff"] < 1e-9
     assert (result["n_betas"], result["n_seeds"], result["n_steps"]) == (2, 4, 30)
     assert result["vectorised_s"] > 0 and result["loop_s"] > 0
     assert result["speedup"] == pytest.approx(result["loop_s"] / result["vectorised_s"])
     with pytest.raises(TypeError, match="rng"):
-        bench.simulation_benchmark(n_seeds=2, n_steps=3, rng=0)
+        bench_simulation.simulation_benchmark(n_seeds=2, n_steps=3, rng=0)
     with pytest.raises(TypeError, match="rng"):
-        bench.simulation_benchmark(n_seeds=2, n_steps=3)  # randomness is passed in, never made here
+        # randomness is passed in, never made here
+        bench_simulation.simulation_benchmark(n_seeds=2, n_steps=3)
     with pytest.raises(ValueError, match="n_seeds"):
-        bench.simulation_benchmark(n_seeds=0, rng=np.random.default_rng(0))
+        bench_simulation.simulation_benchmark(n_seeds=0, rng=np.random.default_rng(0))
 
 
 def test_scalar_baseline_needs_one_disturbance_of_each_kind_per_step():
     noise = TrainingNoise(kl=np.zeros((1, 3)), reward=np.zeros((1, 3)))
     with pytest.raises(ValueError):
-        bench.scalar_training_trajectory(0.1, noise.kl[0], noise.reward[0, :2])
+        bench_simulation.scalar_training_trajectory(0.1, noise.kl[0], noise.reward[0, :2])
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Tests of kltutorial.plotting.experiment (§11's figures): what each figure draws.
 
 The figures take plain arrays or objects with array attributes; the stand-ins below have the
-attributes of ``toyrlhf.Frontier`` and ``toyrlhf.TrainResult`` that the figures read, with numbers
+attributes of ``toyrlhf.ToyFrontier`` and ``toyrlhf.TrainResult`` that the figures read, with numbers
 chosen so that what is drawn can be checked by hand. (Moved from tests/test_toyrlhf.py.)
 """
 
@@ -25,7 +25,7 @@ def _close_figures():
 
 
 @dataclass(frozen=True)
-class Frontier:  # the attributes of toyrlhf.Frontier the figures read
+class Frontier:  # the attributes of toyrlhf.ToyFrontier the figures read
     betas: np.ndarray
     kl: np.ndarray
     proxy: np.ndarray
@@ -38,6 +38,10 @@ class Run:  # the attributes of toyrlhf.TrainResult the figures read
     beta: np.ndarray
     proxy: np.ndarray
     gold: np.ndarray
+
+    @property
+    def penalized_proxy(self) -> np.ndarray:  # as toyrlhf.TrainResult.penalized_proxy
+        return self.proxy - self.beta[0] * self.kl
 
 
 def _run(beta0: float, steps: int = 12) -> Run:

@@ -21,7 +21,6 @@ from kltutorial.simulate import (
     controlled_step,
     draw_training_noise,
     equilibrium_kl,
-    illustrative_token_kl_patterns,
     learned_reward,
     simulate_training_trajectory,
     simulate_training_with_controller,
@@ -261,29 +260,6 @@ def test_vectorised_over_initial_betas_matches_separate_runs():
 
 
 # ------------------------------------------------------------------------------------------
-# Per-token patterns
-# ------------------------------------------------------------------------------------------
-
-
-def test_token_patterns_shapes_and_shapes_of_curves():
-    pats = illustrative_token_kl_patterns(seq_len=60, rng=np.random.default_rng(12), noise=0.0)
-    assert list(pats) == ["reformulated opening", "novel conclusion", "specific word choices"]
-    assert all(p.shape == (60,) and np.all(p > 0) for p in pats.values())
-    opening, conclusion, spiky = pats.values()
-    assert np.all(np.diff(opening) < 0) and np.all(np.diff(conclusion) > 0)
-    assert np.sum(spiky > 1.0) == 5 and np.all(spiky[spiky < 1.0] == 0.2)
-    assert spiky.max() <= 3.0
-
-
-def test_token_patterns_are_seeded():
-    a = illustrative_token_kl_patterns(rng=np.random.default_rng(13))
-    b = illustrative_token_kl_patterns(rng=np.random.default_rng(13))
-    for key in a:
-        np.testing.assert_array_equal(a[key], b[key])
-        assert np.all(a[key] > 0)
-
-
-# ------------------------------------------------------------------------------------------
 # Validation
 # ------------------------------------------------------------------------------------------
 
@@ -312,8 +288,6 @@ def test_rng_validation():
         simulate_training_trajectory([0.1], rng=0)
     with pytest.raises(TypeError, match="rng"):
         simulate_training_trajectory([0.1])
-    with pytest.raises(TypeError, match="rng"):
-        illustrative_token_kl_patterns(rng=None)
     noise = draw_training_noise(2, 5, np.random.default_rng(0))
     with pytest.raises(ValueError, match="rng"):
         simulate_training_trajectory([0.1], rng=np.random.default_rng(0), noise=noise)

@@ -204,16 +204,6 @@ def plot_data_sweep(
     return np.array([ax, ax_peak], dtype=object)
 
 
-def _penalized_proxy(run: Any) -> np.ndarray:
-    """``proxy − β₀·KL`` at the run's initial β₀, shape (steps,).
-
-    Belongs to the result (as ``ControlledTraining.penalized_reward`` does in section 10): kept here
-    only until ``toyrlhf.TrainResult`` provides it as a property.
-    """
-    beta0 = float(np.asarray(run.beta)[0])
-    return np.asarray(run.proxy, dtype=float) - beta0 * np.asarray(run.kl, dtype=float)
-
-
 def plot_toy_controllers(
     runs: Mapping[str, Any],
     target_kl: float,
@@ -245,7 +235,7 @@ def plot_toy_controllers(
     if not isinstance(runs, Mapping) or len(runs) == 0:
         raise TypeError("runs: expected a non-empty dict name -> TrainResult")
     traces = {name: ControlTrace(kl=run.kl, beta=run.beta, reward=run.gold,
-                                 penalized_reward=_penalized_proxy(run))
+                                 penalized_reward=run.penalized_proxy)
               for name, run in runs.items()}
     return plot_control_panels(
         traces, target_kl=target_kl, kl_label="exact KL(π_θ ‖ π_ref) (nats)",
