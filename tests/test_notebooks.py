@@ -10,7 +10,7 @@ fail when one of them is not in a publishable state:
 * no stored output is an error or anything written to stderr (warnings included);
 * the kernel is ``python3``, so nbval, nbconvert and the book build all find it;
 * no tag switches a check off (``nbval-skip``, ``raises-exception``, ...);
-* the page has a title, the setup cell is hidden, every ``{glue}`` reference in
+* the page has a title, the setup cell is folded (``hide-input``), every ``{glue}`` reference in
   the prose names a value the notebook glues;
 * the table of contents and book/ agree.
 """
@@ -142,7 +142,7 @@ def test_no_check_disabling_tags(notebook: tuple[str, nbformat.NotebookNode]) ->
         assert not bad, f"{name}: cell {index} has tags {sorted(bad)} that bypass the checks"
 
 
-def test_has_title_and_hidden_setup(notebook: tuple[str, nbformat.NotebookNode]) -> None:
+def test_has_title_and_folded_setup(notebook: tuple[str, nbformat.NotebookNode]) -> None:
     name, nb = notebook
     first = nb.cells[0] if nb.cells else None
     assert first is not None and first.cell_type == "markdown", (
@@ -154,8 +154,9 @@ def test_has_title_and_hidden_setup(notebook: tuple[str, nbformat.NotebookNode])
     code = _code_cells(nb)
     assert code, f"{name}: no code cells"
     tags = code[0][1].get("metadata", {}).get("tags", [])
-    assert "remove-cell" in tags, (
-        f"{name}: the first code cell (imports, seeds, style) must be tagged remove-cell"
+    assert "hide-input" in tags and not {"remove-cell", "remove-input"} & set(tags), (
+        f"{name}: the first code cell (imports, seeds, style) must be tagged hide-input: folded "
+        "on the page but there, so that a reader can re-run what the page shows"
     )
 
 
