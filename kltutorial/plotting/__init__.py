@@ -32,6 +32,7 @@ from .experiment import (
     plot_toy_token_kl,
 )
 from .style import (
+    FIG_WIDTH,
     LINESTYLES,
     MARKERS,
     PALETTE,
@@ -39,12 +40,15 @@ from .style import (
     ZONE_COLOR,
     beta_colors,
     beta_styles,
+    fig_size,
     plot_median_band,
     series_style,
     use_style,
 )
 
 __all__ = [
+    "FIG_WIDTH",
+    "fig_size",
     # house style (style.py)
     "PALETTE",
     "LINESTYLES",

@@ -25,6 +25,7 @@ from .style import (
     REFERENCE_COLOR,
     ZONE_COLOR,
     check_quantiles,
+    fig_size,
     log_beta_axis,
     new_axes_grid,
     plot_median_band,
@@ -230,7 +231,7 @@ def plot_control_panels(
             "(start every run from the same β)"
         )
     beta0 = float(initial[0])
-    flat = new_axes_grid(axes, 2, 2, figsize=(10.0, 6.6), sharex=True)
+    flat = new_axes_grid(axes, 2, 2, figsize=fig_size(5.6), sharex=True)
     ax_kl, ax_beta, ax_r, ax_pr = flat
     _draw_kl_panel(ax_kl, traces, target_kl=target_kl, ylabel=kl_label, band=band)
     _draw_beta_panel(ax_beta, traces, band=band)
@@ -330,7 +331,7 @@ def plot_controller_dynamics(
     if band <= 1:
         raise ValueError(f"band: expected a factor > 1, got {band}")
     traces = {name: ControlTrace(kl=h.kl, beta=h.beta) for name, h in _as_named_histories(histories).items()}
-    ax_kl, ax_beta = new_axes_grid(axes, 1, 2, figsize=(10.0, 3.8))
+    ax_kl, ax_beta = new_axes_grid(axes, 1, 2, figsize=fig_size(3.2))
     _draw_kl_panel(ax_kl, traces, target_kl=target_kl, ylabel="observed KL (nats)", zone=band,
                   n_markers=12)
     _draw_beta_panel(ax_beta, traces, n_markers=12)

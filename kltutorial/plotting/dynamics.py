@@ -21,6 +21,7 @@ from .style import (
     ZONE_COLOR,
     beta_styles,
     check_quantiles,
+    fig_size,
     new_axes,
     new_axes_grid,
     plot_median_band,
@@ -75,7 +76,7 @@ def plot_reward_vs_kl(
             "result: expected kl and reward of shape (K, N, n_steps + 1) with K = len(betas), "
             f"got {kl.shape}, {reward.shape}, K = {betas.shape[0]}"
         )
-    ax = new_axes(ax, figsize=(7.0, 4.4))
+    ax = new_axes(ax, figsize=fig_size(4.4))
     kl_med = np.median(kl, axis=1)  # (K, n_steps + 1)
     r_lo, r_med, r_hi = np.quantile(reward, [lo, 0.5, hi], axis=1)  # each (K, n_steps + 1)
     final_lo, final_hi = np.quantile(kl[:, :, -1], [lo, hi], axis=1)  # (K,)
@@ -134,7 +135,7 @@ def plot_kl_over_steps(
     """
     betas = np.asarray(result.betas, dtype=float)
     kl = np.asarray(result.kl, dtype=float)
-    ax = new_axes(ax, figsize=(6.4, 4.0))
+    ax = new_axes(ax, figsize=fig_size(4.2))
     steps = np.arange(kl.shape[-1])
     for k, style in enumerate(beta_styles(betas)):
         plot_median_band(ax, steps, kl[k], band=band, color=style["color"],
@@ -184,7 +185,7 @@ def plot_token_kl_patterns(
         raise TypeError("patterns: expected a non-empty dict name -> per-token KL array")
     n = len(patterns)
     created = axes is None
-    flat = new_axes_grid(axes, 1, n, figsize=(3.4 * n, 3.3), sharey=True)
+    flat = new_axes_grid(axes, 1, n, figsize=fig_size(3.2), sharey=True)
     for i, (ax, (name, values)) in enumerate(zip(flat, patterns.items(), strict=True)):
         values = np.asarray(values, dtype=float)
         if values.ndim != 1:

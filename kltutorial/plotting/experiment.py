@@ -27,6 +27,7 @@ from .style import (
     ZONE_COLOR,
     beta_colors,
     beta_styles,
+    fig_size,
     new_axes,
     new_axes_grid,
     series_style,
@@ -67,7 +68,7 @@ def plot_toy_frontier(
     -------
     ndarray of Axes, shape (2,)
     """
-    flat = new_axes_grid(axes, 1, 2, figsize=(10.0, 4.0), sharex=True)
+    flat = new_axes_grid(axes, 1, 2, figsize=fig_size(3.5), sharex=True)
     for ax, key, name in zip(flat, ("proxy", "gold"), ("proxy", "gold"), strict=True):
         ax.plot(frontier.kl, getattr(frontier, key), color=REFERENCE_COLOR, linestyle="-",
                 linewidth=1.5, label="exact optimum π*_β (frontier)")
@@ -115,7 +116,7 @@ def plot_bang_histogram(
     """
     if not isinstance(distributions, Mapping) or len(distributions) == 0:
         raise TypeError("distributions: expected a non-empty dict name -> probabilities")
-    ax = new_axes(ax, figsize=(6.4, 3.8))
+    ax = new_axes(ax, figsize=fig_size(4.0))
     names = list(distributions)
     n_bars = len(names)
     width = 0.8 / n_bars
@@ -171,7 +172,7 @@ def plot_data_sweep(
     if kl.shape != gold.shape or kl.ndim != 2 or kl.shape[0] != n_pairs.shape[0]:
         raise ValueError(f"kl and gold: expected shape ({n_pairs.shape[0]}, K), "
                          f"got {kl.shape} and {gold.shape}")
-    ax, ax_peak = new_axes_grid(axes, 1, 2, figsize=(10.0, 3.9))
+    ax, ax_peak = new_axes_grid(axes, 1, 2, figsize=fig_size(3.4))
     peak = gold.argmax(axis=1)
     rows = np.arange(n_pairs.shape[0])
     for i in rows:
@@ -274,7 +275,7 @@ def plot_toy_token_kl(
     ndarray of Axes, shape (1,) or (2,)
     """
     n_panels = 2 if illustrative is not None else 1
-    flat = new_axes_grid(axes, 1, n_panels, figsize=(5.2 * n_panels, 3.9))
+    flat = new_axes_grid(axes, 1, n_panels, figsize=fig_size(3.4))
     ax = flat[0]
     names = list(exact)
     styles = (beta_styles(betas) if betas is not None
