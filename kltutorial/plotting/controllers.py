@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.layout_engine import ConstrainedLayoutEngine
+from matplotlib.transforms import ScaledTranslation
 
 from .style import (
     REFERENCE_COLOR,
@@ -291,6 +292,13 @@ def _as_named_histories(histories: Any) -> dict[str, Any]:
     return named
 
 
+def _below(ax: Axes, drop_pt: float = 32.0) -> dict[str, Any]:
+    """Legend placement under ``ax``, ``drop_pt`` points below its bottom edge (clear of the
+    tick labels and the x label); constrained layout makes room for it."""
+    offset = ScaledTranslation(0.0, -drop_pt / 72.0, ax.figure.dpi_scale_trans)
+    return {"loc": "upper center", "bbox_to_anchor": (0.5, 0.0), "bbox_transform": ax.transAxes + offset}
+
+
 def plot_controller_dynamics(
     histories: Any,
     target_kl: float,
@@ -304,7 +312,8 @@ def plot_controller_dynamics(
     Left panel: the KL each controller observed at each step, the target as a dashed line and
     the stable zone ``[target_kl / band, band * target_kl]`` shaded. Right panel: the β in
     force at each step on a log scale, so that multiplying or dividing β by a constant factor
-    is an equal-sized step.
+    is an equal-sized step. The legends sit under the panels, clear of the data: the left one
+    names the target and the zone, the right one the runs (when they are named).
 
     Parameters
     ----------
@@ -331,13 +340,17 @@ def plot_controller_dynamics(
     if band <= 1:
         raise ValueError(f"band: expected a factor > 1, got {band}")
     traces = {name: ControlTrace(kl=h.kl, beta=h.beta) for name, h in _as_named_histories(histories).items()}
-    ax_kl, ax_beta = new_axes_grid(axes, 1, 2, figsize=fig_size(3.2))
+    ax_kl, ax_beta = new_axes_grid(axes, 1, 2, figsize=fig_size(3.9))
     _draw_kl_panel(ax_kl, traces, target_kl=target_kl, ylabel="observed KL (nats)", zone=band,
                   n_markers=12)
     _draw_beta_panel(ax_beta, traces, n_markers=12)
-    ax_kl.legend(loc="best")
+    # Each legend under its own panel, where no data can be: the KL panel's names the zone and the
+    # target, the β panel's the runs (drawn in the same styles on both panels).
+    handles, labels = ax_kl.get_legend_handles_labels()
+    reference = [(h, lab) for h, lab in zip(handles, labels, strict=True) if lab not in traces]
+    ax_kl.legend(*zip(*reference, strict=True), **_below(ax_kl))
     if len(traces) > 1 or next(iter(traces)):
-        ax_beta.legend(loc="best")
+        ax_beta.legend(**_below(ax_beta))
     if title:
         ax_kl.figure.suptitle(title)
     return np.array([ax_kl, ax_beta], dtype=object)
@@ -396,4 +409,17 @@ def plot_fixed_vs_adaptive(
                            reward=res.reward[beta_index], penalized_reward=res.penalized_reward[beta_index])
         for name, res in results.items()
     }
-    return plot_control_panels(traces, target_kl=target_kl, band=band, axes=axes, title=title)
+    # At the house width a 2 x 2 grid has panels about 3 in wide and 2 in high: a taller figure,
+    # y labels on two lines (so none runs past its panel), and the shared legend below in two
+    # columns (one row of four names would be wider than the figure).
+    flat = new_axes_grid(axes, 2, 2, figsize=fig_size(6.6), sharex=True)
+    panels = plot_control_panels(
+        traces, target_kl=target_kl, kl_label="KL from the\nreference (nats)",
+        reward_label="learned reward\n(reward units)", band=band, axes=flat.reshape(2, 2), title=title,
+    )
+    beta0 = float(np.ravel(next(iter(traces.values())).initial_beta)[0])
+    panels[0, 1].set_ylabel("β, log scale\n(reward units per nat)")
+    panels[1, 1].set_ylabel(f"reward − {beta0:g}·KL\n(reward units)")
+    for legend in panels[0, 0].figure.legends:
+        legend.set_ncols(2)
+    return panels
