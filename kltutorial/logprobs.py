@@ -54,7 +54,7 @@ __all__ = [
     "naive_exact_kl",
 ]
 
-#: Float32 bytes of one chunk of rows (positions): 2 MiB, 16 rows at V = 32,000, 4 at V = 128,256.
+#: Float32 bytes of one chunk of rows (positions), 2 MiB (16 rows at V = 32,000, 4 at V = 128,256).
 #: Chosen by ``python -m kltutorial.bench --sweep`` on the 2-core reference machine (1 MiB of L2 cache
 #: per core): log-prob time is flat from 1 to 8 MiB chunks and worse for single rows; exact KL, which
 #: keeps three or four chunk-sized buffers busy, is fastest at 1-2 MiB and slows from 4 MiB on, once
