@@ -27,7 +27,7 @@ __all__ = [
     "sample_autoregressive",
 ]
 
-#: The largest space that :class:`SequenceSpace` lists: 2**22 sequences, whose (V**T, T) int64 index
+#: The largest space that :class:`SequenceSpace` lists, 2**22 sequences; their (V**T, T) int64 index
 #: tensors take 32 MiB per position, twice over (tokens and prefix rows).
 MAX_SEQUENCES: int = 2**22
 
