@@ -252,8 +252,9 @@ def plot_control_panels(
         # One legend for the four panels, below them (median line; band = quantiles over seeds).
         handles, labels = ax_kl.get_legend_handles_labels()
         constrained = isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
+        # Two columns from four names on: one row of them is wider than the house width.
         fig.legend(handles, labels, loc="outside lower center" if constrained else "lower center",
-                   ncol=len(labels),
+                   ncol=len(labels) if len(labels) <= 3 else 2,
                    title=f"median over seeds; band: {band[0]:.0%}–{band[1]:.0%} quantiles")
     else:
         ax_kl.legend(loc="best", fontsize=8.5)
@@ -410,8 +411,7 @@ def plot_fixed_vs_adaptive(
         for name, res in results.items()
     }
     # At the house width a 2 x 2 grid has panels about 3 in wide and 2 in high: a taller figure,
-    # y labels on two lines (so none runs past its panel), and the shared legend below in two
-    # columns (one row of four names would be wider than the figure).
+    # y labels on two lines (so none runs past its panel).
     flat = new_axes_grid(axes, 2, 2, figsize=fig_size(6.6), sharex=True)
     panels = plot_control_panels(
         traces, target_kl=target_kl, kl_label="KL from the\nreference (nats)",
@@ -420,6 +420,5 @@ def plot_fixed_vs_adaptive(
     beta0 = float(np.ravel(next(iter(traces.values())).initial_beta)[0])
     panels[0, 1].set_ylabel("β, log scale\n(reward units per nat)")
     panels[1, 1].set_ylabel(f"reward − {beta0:g}·KL\n(reward units)")
-    for legend in panels[0, 0].figure.legends:
-        legend.set_ncols(2)
+    panels[1, 1].set_title(f"reward penalised at β₀ = {beta0:g}")  # the long one overran the figure
     return panels

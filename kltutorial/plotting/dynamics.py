@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.lines import Line2D
 
 from .style import (
     REFERENCE_COLOR,
@@ -137,17 +138,23 @@ def plot_kl_over_steps(
     kl = np.asarray(result.kl, dtype=float)
     ax = new_axes(ax, figsize=fig_size(4.2))
     steps = np.arange(kl.shape[-1])
+    equilibrium_style = {"linestyle": (0, (2, 3)), "linewidth": 0.9}
     for k, style in enumerate(beta_styles(betas)):
         plot_median_band(ax, steps, kl[k], band=band, color=style["color"],
                          linestyle=style["linestyle"], label=f"β = {betas[k]:g}")
         if equilibrium_kl is not None:
             ax.axhline(float(np.asarray(equilibrium_kl)[k]), color=style["color"],
-                       linestyle=(0, (2, 3)), linewidth=0.9)
+                       **equilibrium_style)
     ax.set_xlabel("training step")
     ax.set_ylabel("KL from the reference (nats)")
     if title:
         ax.set_title(title)
-    ax.legend(loc="best", fontsize=9)
+    # The legend sits right of the panel: every corner inside holds a curve's rise or plateau.
+    handles, labels = ax.get_legend_handles_labels()
+    if equilibrium_kl is not None:
+        handles.append(Line2D([], [], color=REFERENCE_COLOR, **equilibrium_style))
+        labels.append("equilibrium\nKL*(β), per β")
+    ax.legend(handles, labels, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=9)
     return ax
 
 
