@@ -96,7 +96,8 @@ __all__ = [
     "full_kl",
 ]
 
-Estimator = str  # a registered name or alias, e.g. "k1", "low_var_kl", "k3+"
+Estimator = str  #: A registered estimator's name or alias, e.g. ``"k1"``, ``"low_var_kl"``, ``"k3+"``.
+#: How :func:`compute_token_kl` reduces a sequence's per-token estimates, ``"sum"`` or ``"mean"``.
 Reduction = Literal["sum", "mean"]
 REDUCTIONS: tuple[str, ...] = ("sum", "mean")
 
@@ -136,6 +137,8 @@ _SPECS: dict[str, EstimatorSpec] = {}
 _ALIASES: dict[str, str] = {}
 
 #: Registered estimators by canonical name, in registration order (read-only view).
+#:
+#: :meta hide-value:
 ESTIMATORS = MappingProxyType(_SPECS)
 #: Alias -> canonical name (read-only view).
 ESTIMATOR_ALIASES = MappingProxyType(_ALIASES)
