@@ -44,10 +44,12 @@ __all__ = [
     "ranking_agreement",
 ]
 
+#: The V = 8 tokens, ``"!"`` last.
 VOCAB: tuple[str, ...] = ("a", "b", "c", "d", "e", "f", "g", "!")
-BANG: int = 7  # index of the rare token "!" in VOCAB
-LENGTH: int = 5  # T, tokens per sequence
-HAS_BANG: int = len(VOCAB)  # column of the proxy's "has a !" feature, after the V token counts
+BANG: int = 7  #: Index of the rare token ``"!"`` in ``VOCAB``.
+LENGTH: int = 5  #: T, tokens per sequence.
+HAS_BANG: int = len(VOCAB)  #: Column of the proxy's "has a ``!``" feature, after the V token counts.
+#: The two rewards of the task, as :meth:`ToyTask.reward` names them.
 REWARDS: tuple[str, ...] = ("proxy", "gold")
 _DTYPE = torch.float64  # exact sums over 32,768 sequences: float64 throughout
 
