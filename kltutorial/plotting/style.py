@@ -47,9 +47,10 @@ __all__ = [
     "plot_median_band",
 ]
 
-# Every figure is drawn at the width it is shown: the book's text column is about 780 px, i.e. about
-# 7 inches at the 110 px/inch of the house dpi, so 10-11 pt text lands at 14-17 px on a desktop
-# screen (body text is 16 px) instead of being scaled down. Multi-panel figures share this width.
+#: Width of every figure in inches, that of the book's text column. Every figure is drawn at the width
+#: it is shown: the text column is about 780 px, i.e. about 7 inches at the 110 px/inch of the house
+#: dpi, so 10-11 pt text lands at 14-17 px on a desktop screen (body text is 16 px) instead of being
+#: scaled down. Multi-panel figures share this width.
 FIG_WIDTH = 7.0
 
 
@@ -58,8 +59,8 @@ def fig_size(height: float) -> tuple[float, float]:
     return (FIG_WIDTH, float(height))
 
 
-# Okabe & Ito (2008), "Color Universal Design": distinguishable under the common colour-vision
-# deficiencies. Yellow (#F0E442) is left out: it vanishes on white paper.
+#: Categorical colours, after Okabe & Ito (2008), "Color Universal Design", distinguishable under
+#: the common colour-vision deficiencies. Yellow (#F0E442) is left out: it vanishes on white paper.
 PALETTE: tuple[str, ...] = (
     "#0072B2",  # blue
     "#D55E00",  # vermillion
@@ -70,12 +71,14 @@ PALETTE: tuple[str, ...] = (
     "#000000",  # black
 )
 # Line styles and markers separate series when colour is lost (grayscale print).
+#: One line style per :data:`PALETTE` colour, so that series stay apart in grayscale.
 LINESTYLES: tuple[Any, ...] = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 1)), "-")
+#: One marker per :data:`PALETTE` colour, likewise.
 MARKERS: tuple[str, ...] = ("o", "s", "^", "D", "v", "P", "X")
 
 # Neutral colours for reference elements (targets, shaded zones, marked regions).
-REFERENCE_COLOR = "0.25"
-ZONE_COLOR = "0.55"
+REFERENCE_COLOR = "0.25"  #: Grey of reference lines and markers (a target, the exact value).
+ZONE_COLOR = "0.55"  #: Grey of shaded or hatched zones (a stable band, an unreliable region).
 
 # Part of plasma used for β: 0.8 is orange (warm, small β), 0.0 dark blue (cool, large β).
 # The top of plasma (bright yellow) is cut off because it is unreadable on white.
