@@ -5,7 +5,8 @@
 * :func:`plot_kl_over_steps`: KL against training step per β, median over seeds with a quantile band;
 * :func:`plot_token_kl_patterns`: KL by token position, one panel per (hand-made) pattern.
 
-The fixed-vs-adaptive figure of the same section is a controller figure (:mod:`.controllers`).
+The fixed-vs-adaptive figure of the same section is a controller figure
+(:mod:`kltutorial.plotting.controllers`).
 """
 
 from __future__ import annotations
