@@ -5,9 +5,10 @@ Two ways to put the penalty to work, both on log-probs of tokens sampled from th
 - :func:`shape_rewards` folds it into per-token rewards, as lm-human-preferences, TRL's PPO trainer,
   OpenRLHF and verl do: :math:`r_t = -\beta\,\mathrm{kl}_t`, with the sequence's score added at its last
   valid token. A PPO/GAE learner then sees the penalty where it was incurred.
-- :func:`compute_rlhf_objective` computes the sequence-level objective
-  :math:`\mathbb{E}[r(y)] - \beta\,\mathrm{KL}` and the diagnostics worth logging, with the exact KL
-  over the whole vocabulary next to the sampled estimate.
+- :func:`compute_rlhf_objective` computes the value of the sequence-level objective
+  :math:`\mathbb{E}[r(y)] - \beta\,\mathrm{KL}` on a sampled batch and the diagnostics worth logging,
+  with the full-vocabulary KL at each position, summed along the response, next to the sampled estimate.
+  It is a value to log, not a loss: its autograd gradient is not the objective's (see its Notes).
 
 The KL coefficient is ``beta`` here, the book's :math:`\beta`; ``kl_coef`` (OpenRLHF's
 ``compute_reward`` and the libraries' controllers) is accepted as another spelling of it.
@@ -128,15 +129,19 @@ def compute_rlhf_objective(
     *,
     kl_coef: float | None = None,
 ) -> dict[str, torch.Tensor | float]:
-    r"""The KL-penalised objective :math:`\mathbb{E}[r] - \beta\,\mathrm{KL}` with its diagnostics.
+    r"""The value of the KL-penalised objective :math:`\mathbb{E}[r] - \beta\,\mathrm{KL}` on a batch,
+    with its diagnostics: numbers to log, not a loss (see Notes).
 
     1. log-probs of the response tokens under both models
        (:func:`~kltutorial.logprobs.get_logprobs_for_tokens`);
     2. per-token KL estimates, summed over valid tokens (:func:`~kltutorial.estimators.compute_token_kl`);
     3. the penalised reward :math:`r - \beta\,\widehat{\mathrm{KL}}` per sequence, and its mean;
-    4. the exact KL over the vocabulary at each position, summed likewise
-       (:func:`~kltutorial.logprobs.exact_kl`), which the estimate should match on average when
-       ``response_tokens`` were sampled from the policy.
+    4. :math:`\sum_t \mathrm{KL}_t`, the KL over the whole vocabulary at each valid position
+       (:func:`~kltutorial.logprobs.exact_kl`), summed along the response. Each term is exact, but the
+       positions are those of the sampled prefix, so the sum is itself an estimate of the sequence KL:
+       unbiased when ``response_tokens`` were sampled from the policy (the chain rule of KL), and
+       typically of much lower variance than the sampled one (it averages each position over the whole
+       vocabulary). It equals the sequence KL only when the logits do not depend on the prefix.
 
     Parameters
     ----------
@@ -157,16 +162,46 @@ def compute_rlhf_objective(
     Returns
     -------
     dict
-        ``objective`` (scalar tensor, differentiable in ``policy_logits``), ``mean_reward``,
-        ``mean_kl`` (the estimate, per sequence), ``mean_exact_kl``, ``mean_penalized_reward``,
-        ``kl_penalty`` (:math:`\beta` times ``mean_kl``) as floats, and ``per_token_kl`` (B, T).
+        ``objective``: the batch mean of :math:`r - \beta\,\widehat{\mathrm{KL}}` as a scalar tensor,
+        still attached to the graph of ``policy_logits`` through the KL estimate, but **not a loss**
+        (see Notes); ``mean_reward``, ``mean_kl`` (the estimate, per sequence), ``mean_exact_kl``
+        (:math:`\sum_t \mathrm{KL}_t` of step 4, per sequence), ``mean_penalized_reward`` (the value of
+        ``objective``), ``kl_penalty`` (:math:`\beta` times ``mean_kl``) as floats, and
+        ``per_token_kl`` (B, T).
+
+    Notes
+    -----
+    **What the value is for.** ``objective`` estimates
+    :math:`J(\pi) = \mathbb{E}_{y\sim\pi}[r(y)] - \beta\,\mathrm{KL}(\pi \| \pi_{\mathrm{ref}})` on
+    the batch: log it and watch its trend. Its level sets no direction of training (a policy-gradient
+    step uses advantages, from which a baseline removes any constant).
+
+    **Why it is not a loss.** The tokens were sampled from :math:`\pi` and autograd does not see the
+    sampling, so the expected gradient of ``objective`` over :math:`y \sim \pi` is not
+    :math:`\nabla J`:
+
+    - the reward term has no gradient at all (``rewards`` are constants);
+    - with ``k1`` the KL term's expected gradient is zero, since
+      :math:`\mathbb{E}_{y\sim\pi}[\nabla \log \pi(y)] = 0`;
+    - with ``k3`` it is the gradient of the forward :math:`\mathrm{KL}(\pi_{\mathrm{ref}} \| \pi)`, not of
+      the penalised :math:`\mathrm{KL}(\pi \| \pi_{\mathrm{ref}})`.
+
+    The gradient of :math:`J` takes a policy-gradient term for the reward,
+    :math:`\mathbb{E}_{y\sim\pi}[r(y)\,\nabla \log \pi(y)]` (REINFORCE, PPO), and for the KL either
+    the same treatment (the penalty folded into the reward, :func:`shape_rewards`) or a loss estimator
+    whose expected gradient is :math:`\nabla \mathrm{KL}(\pi \| \pi_{\mathrm{ref}})`: ``k2``, or the
+    straight-through ``k3+`` (the value of k3, the gradient of k2). Book sections 4 (estimators: value
+    and gradient) and 9 (KL in the reward or in the loss) derive both; ``tests/test_objective.py``
+    checks each statement above exactly, by enumeration.
     """
     # 0. check every input once; the helpers below trust them
     check_logits(policy_logits, "policy_logits")
     check_logits(reference_logits, "reference_logits")
-    check_same_shape(policy_logits, "policy_logits", reference_logits, "reference_logits")
-    shape = policy_logits.shape[:-1]  # (B, T)
-    tokens = check_token_ids(response_tokens, "response_tokens", shape, policy_logits.shape[-1])
+    check_same_shape(
+        policy_logits, "policy_logits", reference_logits, "reference_logits"
+    )
+    shape, vocab = policy_logits.shape[:-1], policy_logits.shape[-1]  # (B, T), V
+    tokens = check_token_ids(response_tokens, "response_tokens", shape, vocab)
     check_scores(rewards, "rewards", shape[0])
     mask = check_mask(attention_mask, "attention_mask", shape)
     beta = _check_beta(beta, kl_coef)
@@ -176,14 +211,21 @@ def compute_rlhf_objective(
     policy_logprobs = _token_logprobs_trusted(policy_logits, tokens)  # (B, T)
     reference_logprobs = _token_logprobs_trusted(reference_logits, tokens)  # (B, T)
     # 2. per-token estimate, masked, summed per sequence
-    inputs = _KLInputs(spec, None, None, policy_logprobs, reference_logprobs, policy_logits, reference_logits)
+    inputs = _KLInputs(
+        spec, None, None, policy_logprobs, reference_logprobs,
+        policy_logits, reference_logits,
+    )
     per_token_kl = _estimate(inputs, mask)
-    per_token_kl = torch.where(mask, per_token_kl, torch.zeros_like(per_token_kl))  # (B, T)
+    zeros = torch.zeros_like(per_token_kl)
+    per_token_kl = torch.where(mask, per_token_kl, zeros)  # (B, T)
     sequence_kl = per_token_kl.sum(dim=-1)  # (B,)
     # 3. r - β KL per sequence
     penalized = rewards.to(sequence_kl.dtype) - beta * sequence_kl
-    # 4. the exact KL beside the estimate
-    exact = _exact_kl_trusted(policy_logits.detach(), reference_logits.detach(), mask).sum(dim=-1)
+    # 4. sum_t KL_t, each over the whole vocabulary, beside the estimate
+    per_position = _exact_kl_trusted(
+        policy_logits.detach(), reference_logits.detach(), mask
+    )  # (B, T)
+    exact = per_position.sum(dim=-1)  # (B,)
     return {
         "objective": penalized.mean(),
         "mean_reward": rewards.mean().item(),

@@ -92,6 +92,68 @@ def test_objective_is_differentiable_and_respects_the_mask():
     assert out["mean_exact_kl"] == pytest.approx(float(exact_kl(pol.detach(), ref, mask).sum(-1).mean()))
 
 
+def _grad(value: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    (grad,) = torch.autograd.grad(value, theta, retain_graph=True)
+    return grad
+
+
+def _expected_objective_gradient(theta, ref, rewards, beta, estimator):
+    """E_{y ~ pi}[grad of ``objective``], exactly: a sum over the V one-token responses."""
+    probs = torch.softmax(theta, dim=-1).flatten().detach()
+    total = torch.zeros_like(theta)
+    for y in range(theta.shape[-1]):
+        out = compute_rlhf_objective(theta, ref, torch.tensor([[y]]), rewards[y : y + 1],
+                                     torch.ones(1, 1), beta=beta, estimator=estimator)
+        total += probs[y] * _grad(out["objective"], theta)
+    return total
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_objective_is_a_value_to_log_not_a_loss(seed):
+    """The docstring's gradient facts, on a categorical policy over V one-token responses, with every
+    expectation an exact sum (no sampling noise): autograd through ``objective`` gives no gradient for
+    the reward, an expected gradient of 0 with k1, and that of the forward KL(ref || pi) with k3."""
+    gen = torch.Generator().manual_seed(seed)
+    v = 6
+    ref = torch.randn(1, 1, v, generator=gen, dtype=torch.float64)  # (B, T, V) = (1, 1, V)
+    theta = (ref + torch.randn(1, 1, v, generator=gen, dtype=torch.float64)).requires_grad_(True)
+    rewards = torch.randn(v, generator=gen, dtype=torch.float64)
+    probs = torch.softmax(theta, dim=-1).flatten()
+    logprobs = torch.log_softmax(theta, dim=-1).flatten()
+    # The gradients the objective's terms should have, by autograd on exact expressions.
+    grad_reward = _grad((probs * rewards).sum(), theta)  # grad E_pi[r]
+    grad_kl = _grad(exact_kl(theta, ref).sum(), theta)  # grad KL(pi || ref), the penalised one
+    grad_forward = _grad(exact_kl(ref, theta).sum(), theta)  # grad KL(ref || pi)
+    assert grad_reward.abs().max() > 1e-2 and (grad_kl - grad_forward).abs().max() > 1e-2
+    zero = torch.zeros_like(theta)
+
+    # 1. The reward term has no gradient at all.
+    assert torch.equal(_expected_objective_gradient(theta, ref, rewards, 0.0, "k1"), zero)
+    # 2. With k1, the KL term's expected gradient is 0: E_pi[grad log pi] = 0.
+    k1 = _expected_objective_gradient(theta, ref, rewards, 1.0, "k1")
+    torch.testing.assert_close(k1, zero, rtol=0, atol=1e-12)
+    # 3. With k3, it is (minus) the gradient of the forward KL(ref || pi), not of KL(pi || ref).
+    k3 = _expected_objective_gradient(theta, ref, rewards, 1.0, "k3")
+    torch.testing.assert_close(k3, -grad_forward, rtol=0, atol=1e-12)
+    # 4. k2 and the straight-through k3+ give the penalised KL's gradient.
+    for estimator in ("k2", "k3+"):
+        got = _expected_objective_gradient(theta, ref, rewards, 1.0, estimator)
+        torch.testing.assert_close(got, -grad_kl, rtol=0, atol=1e-12)
+
+    # The right gradient of J = E[r] - beta KL(pi || ref): a score-function (policy-gradient) term
+    # for the reward, E[r grad log pi], plus the k2 objective's gradient for the KL.
+    beta = 0.7
+    grad_j = _grad((probs * rewards).sum() - beta * exact_kl(theta, ref).sum(), theta)
+    score = [_grad(logprobs[y], theta) for y in range(v)]  # grad log pi(y)
+    reward_term = sum(probs[y].detach() * rewards[y] * score[y] for y in range(v))
+    kl_term = _expected_objective_gradient(theta, ref, torch.zeros(v, dtype=torch.float64), beta, "k2")
+    torch.testing.assert_close(reward_term + kl_term, grad_j, rtol=0, atol=1e-12)
+    # A baseline b changes nothing in expectation: E[(r - b) grad log pi] = E[r grad log pi]. So the
+    # level of r - beta KL (which a constant shifts anywhere) sets no direction of a step.
+    shifted = sum(probs[y].detach() * (rewards[y] - 5.0) * score[y] for y in range(v))
+    torch.testing.assert_close(shifted, reward_term, rtol=0, atol=1e-12)
+
+
 def test_beta_and_the_libraries_kl_coef_are_one_argument():
     kl = torch.tensor([[0.5, 0.5, 9.0]])
     mask = torch.tensor([[1, 1, 0]])
