@@ -31,6 +31,17 @@ own. The child process
 3. runs the method ``repeats`` times, timing each call with ``time.perf_counter``;
 4. reports the median time and *peak memory above the inputs*: ``VmHWM`` after minus before.
 
+Every child runs with glibc's mmap threshold fixed at :data:`MMAP_THRESHOLD` (``MALLOC_MMAP_THRESHOLD_``),
+so that every block of 256 KiB or more is mapped when allocated and unmapped when freed, and the peak counts
+the bytes a method holds *at once*. With glibc's default, a *dynamic* threshold, the peak measured what
+the allocator happened to keep: freeing a mapped block raises the threshold to that block's size (up to
+32 MiB), so the next block of that size comes from the heap, and a freed heap block stays resident. Whether
+a later block of the same size can reuse it depends on where unrelated small allocations landed, which
+changes with ``PYTHONHASHSEED`` and the environment. For ``ours+scan`` at 2 x 512 x 32,000 float32 (its
+boolean NaN mask is 31 MiB, a quarter of the logits) the peak was one mask in some runs and two in
+others: 25 % of the logits or 50 %; for ``ours`` one 2 MiB chunk buffer or two (1.5 % or 3 %). With the
+threshold fixed, repeated runs agree to a few tenths of a percent of the logits.
+
 Each child uses one torch thread unless ``--threads`` says otherwise. On the shared 2-core machine where
 this was written, two OpenMP threads were fine while the machine was quiet (``ours`` 0.032 s, ``naive``
 0.14 s, ``amax`` 0.011 s at 4 x 1024 x 32,000 float32), but whenever other jobs kept the cores busy, every
@@ -87,6 +98,7 @@ from kltutorial.logprobs import (
 )
 
 __all__ = [
+    "MMAP_THRESHOLD",
     "LOGPROB_METHODS",
     "KL_METHODS",
     "ALL_METHODS",
@@ -104,11 +116,18 @@ __all__ = [
 FULL_SHAPES = [(4, 1024, 32_000), (2, 1024, 128_256)]
 QUICK_SHAPES = [(2, 128, 4_096)]
 DTYPES = ["float32", "bfloat16"]
+#: The log-prob methods (the first table of the module docstring).
 LOGPROB_METHODS = ["amax", "naive", "trl_row_loop", "ours", "ours+scan"]
+#: The exact-KL methods.
 KL_METHODS = ["naive_kl", "ours_kl"]
 BACKWARD_METHODS = ["naive_fb", "ours_fb"]
+#: Every method a case may name: log-probs, exact KL, and forward + backward (``*_fb``).
 ALL_METHODS = LOGPROB_METHODS + KL_METHODS + BACKWARD_METHODS
+#: The dtypes a case may use.
 ALL_DTYPES = ["float32", "bfloat16", "float16", "float64"]
+#: Bytes from which glibc maps a block (and unmaps it when freed) in the benchmark's children; setting it
+#: switches glibc's dynamic threshold off (see the module docstring). Below every chunk buffer (2 MiB).
+MMAP_THRESHOLD = 256 << 10
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -331,7 +350,9 @@ def run_case(
     """Run :func:`measure` in a fresh Python process and return its result.
 
     ``threads`` sets ``torch.set_num_threads`` in the child (``None``: torch's default); the child draws
-    its inputs from ``torch.Generator().manual_seed(0)``.
+    its inputs from ``torch.Generator().manual_seed(0)`` and runs with glibc's mmap threshold fixed at
+    :data:`MMAP_THRESHOLD` (``MALLOC_MMAP_THRESHOLD_``), so that its peak does not depend on what the
+    allocator kept from an earlier call.
     """
     _check_case(method, shape, dtype, repeats, chunk_size)
     if threads is not None:
@@ -342,6 +363,7 @@ def run_case(
     proc = subprocess.run(
         [sys.executable, "-m", "kltutorial.bench", "--child", json.dumps(spec)],
         capture_output=True, text=True, timeout=timeout, check=False,
+        env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)},
     )
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark child {spec} failed:\n{proc.stderr[-2000:]}")
