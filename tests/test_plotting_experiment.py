@@ -64,7 +64,9 @@ def test_toy_frontier():
         np.testing.assert_allclose(frontier_line.get_ydata(), getattr(front, key))
         np.testing.assert_allclose(bon_line.get_ydata(), best[key])
         assert point.get_label() == "trained, β = 1" and point.get_ydata()[0] == getattr(front, key)[1]
-        assert key in ax.get_ylabel()
+        assert key in ax.get_ylabel() and ax.get_legend() is None
+    (legend,) = axes[0].figure.legends  # one legend for both panels, under them
+    assert len(legend.get_texts()) == 3
 
 
 def test_bang_histogram():
@@ -84,7 +86,8 @@ def test_data_sweep():
     kl = np.array([[0.0, 1.0, 2.0], [0.0, 1.5, 3.0]])
     gold = np.array([[1.0, 2.0, 1.5], [1.0, 2.0, 2.5]])
     ax_curves, ax_peak = plotting.plot_data_sweep([10, 100], kl, gold)
-    assert len(ax_curves.get_legend().get_texts()) == 2
+    (legend,) = ax_curves.figure.legends  # one legend, under the panels
+    assert [t.get_text() for t in legend.get_texts()] == ["N = 10 pairs", "N = 100 pairs"]
     # Peaks: at KL 1.0 (gold 2.0) for N = 10, at KL 3.0 (gold 2.5) for N = 100.
     np.testing.assert_allclose(ax_peak.lines[0].get_ydata(), [1.0, 3.0])
     assert ax_peak.get_xscale() == "log"
@@ -98,6 +101,10 @@ def test_toy_controllers_share_the_control_layout():
     assert grid.shape == (2, 2) and grid[0, 1].get_yscale() == "log"
     ax_kl, ax_beta, ax_gold, ax_pen = grid.ravel()
     assert ax_kl.get_title() == "KL against its target" and ax_beta.get_title() == "KL coefficient β"
+    # The legend sits under the four panels, not on the KL curves.
+    assert ax_kl.get_legend() is None
+    (legend,) = ax_kl.figure.legends
+    assert [t.get_text() for t in legend.get_texts()][1:] == ["fixed", "adaptive"]
     np.testing.assert_array_equal(ax_gold.lines[0].get_ydata(), runs["fixed"].gold)
     # The fourth panel: proxy − β₀·KL at the shared β₀ = 0.05.
     adaptive = runs["adaptive"]

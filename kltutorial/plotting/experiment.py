@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.layout_engine import ConstrainedLayoutEngine
 
 from .controllers import ControlTrace, plot_control_panels
 from .style import (
@@ -40,6 +41,21 @@ __all__ = [
     "plot_toy_controllers",
     "plot_toy_token_kl",
 ]
+
+
+def _legend_below(ax: Axes, ncol: int) -> None:
+    """Move the legend of ``ax`` (its labelled artists) under the figure's panels, in ``ncol`` columns.
+
+    With constrained layout (the house style) the figure grows to make room; otherwise the legend
+    sits at the bottom edge.
+    """
+    handles, labels = ax.get_legend_handles_labels()
+    if ax.get_legend() is not None:
+        ax.get_legend().remove()
+    fig = ax.figure
+    constrained = isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
+    fig.legend(handles, labels, loc="outside lower center" if constrained else "lower center",
+               ncol=min(ncol, len(labels)), fontsize=9)
 
 
 def plot_toy_frontier(
@@ -68,7 +84,7 @@ def plot_toy_frontier(
     -------
     ndarray of Axes, shape (2,)
     """
-    flat = new_axes_grid(axes, 1, 2, figsize=fig_size(3.5), sharex=True)
+    flat = new_axes_grid(axes, 1, 2, figsize=fig_size(4.3), sharex=True)
     for ax, key, name in zip(flat, ("proxy", "gold"), ("proxy", "gold"), strict=True):
         ax.plot(frontier.kl, getattr(frontier, key), color=REFERENCE_COLOR, linestyle="-",
                 linewidth=1.5, label="exact optimum π*_β (frontier)")
@@ -86,7 +102,7 @@ def plot_toy_frontier(
         ax.set_ylabel(f"expected {name} reward (reward units)")
         ax.set_title(f"{name} reward" + (" (what training optimises)" if key == "proxy"
                                           else " (what we wanted)"))
-    flat[0].legend(loc="lower right", fontsize=8.5)
+    _legend_below(flat[0], ncol=4 if points is not None else 2)
     if title:
         flat[0].figure.suptitle(title)
     return flat
@@ -138,7 +154,7 @@ def plot_bang_histogram(
     ax.set_ylim(0.0, 1.0)
     if title:
         ax.set_title(title)
-    ax.legend(loc="center right", fontsize=8.5)
+    ax.legend(loc="lower right", fontsize=8.5)
     return ax
 
 
@@ -172,7 +188,7 @@ def plot_data_sweep(
     if kl.shape != gold.shape or kl.ndim != 2 or kl.shape[0] != n_pairs.shape[0]:
         raise ValueError(f"kl and gold: expected shape ({n_pairs.shape[0]}, K), "
                          f"got {kl.shape} and {gold.shape}")
-    ax, ax_peak = new_axes_grid(axes, 1, 2, figsize=fig_size(3.4))
+    ax, ax_peak = new_axes_grid(axes, 1, 2, figsize=fig_size(4.0))
     peak = gold.argmax(axis=1)
     rows = np.arange(n_pairs.shape[0])
     for i in rows:
@@ -183,8 +199,8 @@ def plot_data_sweep(
                 markersize=8, markeredgecolor="black", markeredgewidth=0.6, linestyle="none")
     ax.set_xlabel("KL(π*_β ‖ π_ref) (nats)")
     ax.set_ylabel("expected gold reward (reward units)")
-    ax.set_title("gold reward of the proxy's optimum (markers: peaks)")
-    ax.legend(loc="lower left", fontsize=8.5)
+    ax.set_title("gold reward of π*_β (markers: peaks)")
+    _legend_below(ax, ncol=3)
     s0, s1 = series_style(0), series_style(1)
     ax_peak.plot(n_pairs, kl[rows, peak], color=s0["color"], marker=s0["marker"],
                  label="KL at the peak (nats)")
@@ -199,7 +215,7 @@ def plot_data_sweep(
     twin.spines["right"].set_visible(True)
     lines = ax_peak.get_lines() + twin.get_lines()
     ax_peak.legend(lines, [ln.get_label() for ln in lines], loc="lower right", fontsize=8.5)
-    ax_peak.set_title("the peak against the amount of data")
+    ax_peak.set_title("the peak against N")
     if title:
         ax.figure.suptitle(title)
     return np.array([ax, ax_peak], dtype=object)
@@ -238,11 +254,20 @@ def plot_toy_controllers(
     traces = {name: ControlTrace(kl=run.kl, beta=run.beta, reward=run.gold,
                                  penalized_reward=run.penalized_proxy)
               for name, run in runs.items()}
-    return plot_control_panels(
-        traces, target_kl=target_kl, kl_label="exact KL(π_θ ‖ π_ref) (nats)",
-        reward_label="expected gold reward (reward units)", reward_title="gold reward (what we wanted)",
-        penalized_of="proxy", axes=axes, title=title,
+    # At the house width each of the 2 x 2 panels is about 3 in wide: a taller figure, y labels on
+    # two lines, and the legend under the panels instead of on the KL curves.
+    flat = new_axes_grid(axes, 2, 2, figsize=fig_size(6.6), sharex=True)
+    panels = plot_control_panels(
+        traces, target_kl=target_kl, kl_label="exact KL(π_θ ‖ π_ref)\n(nats)",
+        reward_label="expected gold reward\n(reward units)", reward_title="gold reward (what we wanted)",
+        penalized_of="proxy", axes=flat.reshape(2, 2), title=title,
     )
+    beta0 = float(next(iter(runs.values())).beta[0])
+    panels[0, 1].set_ylabel("β, log scale\n(reward units per nat)")
+    panels[1, 1].set_ylabel(f"proxy − {beta0:g}·KL\n(reward units)")
+    panels[1, 1].set_title(f"proxy penalised at β₀ = {beta0:g}")
+    _legend_below(panels[0, 0], ncol=3)
+    return panels
 
 
 def plot_toy_token_kl(
@@ -309,7 +334,7 @@ def plot_toy_token_kl(
         ax2.set_xlabel("relative position in the response")
         ax2.set_ylabel("KL at the token (nats)")
         ax2.set_ylim(bottom=0.0)
-        ax2.set_title("§10's patterns: hand-made, not measured")
+        ax2.set_title("the handbook's patterns: not measured")
         ax2.legend(loc="upper center", fontsize=8.5)
     if title:
         ax.figure.suptitle(title)
