@@ -104,8 +104,10 @@ book-verified: $(STAMP)
 	$(BIN)/jupyter-book build . --path-output . --config $(VERIFY_CONFIG) \
 		--all -W -n --keep-going
 
-# Open every built page in headless Chromium, offline: no JavaScript errors,
-# no network requests, and MathJax has typeset every formula.
+# Read the built book as readers do, in headless Chromium, offline, at desktop and phone
+# width (tests/test_book_html.py: errors, requests, MathJax, wide content, images and
+# figures, links, the ☰ button, dark mode, search; screenshots in $(BUILD)/screenshots),
+# and open a MyST notebook in the venv's JupyterLab and run it (tests/test_jupyterlab.py).
 html-check: $(STAMP)
 	$(call pytest_strict,tests -m book)
 
@@ -128,7 +130,8 @@ notebooks: $(STAMP)
 		$(NOTEBOOKS)
 
 # JupyterLab from the venv: its "python3" kernel is the venv's Python, and the
-# named kernel "kltutorial" points at the same interpreter.
+# named kernel "kltutorial" points at the same interpreter. jupyterlab-myst (pinned in
+# requirements.txt) renders the notebooks' MyST: math, admonitions, references, {eval} numbers.
 # Extra options via LAB_ARGS, e.g. `make lab LAB_ARGS="--no-browser --port 8890"`.
 LAB_ARGS ?=
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)

@@ -1,37 +1,66 @@
-"""Open every page of the built book in headless Chromium, offline.
+"""Read every page of the built book in headless Chromium, offline, as a reader would.
 
-Run by ``make test`` after ``jupyter-book build`` (``pytest tests -m book``); the
-unit-test run deselects it. For each HTML page it checks that
+Run by ``make test`` after ``jupyter-book build`` (``pytest tests -m book``); the unit-test run
+deselects it. Every HTML page is opened at desktop width (1400 x 900) and at phone width
+(390 x 844, a touch screen), and each visit checks that
 
 * no JavaScript exception is thrown and nothing is logged at error level;
 * the page requests nothing from the network (only ``file:``/``data:``/``blob:``);
-* MathJax, served from ``_static/mathjax`` rather than a CDN, has typeset every
-  formula on the page, without a TeX error, and no raw ``\\(...\\)`` is left in the text.
+* MathJax, served from ``_static/mathjax`` rather than a CDN, has typeset every formula on the
+  page, without a TeX error, and no raw ``\\(...\\)`` is left in the text;
+* nothing in the article is wider than the viewport: the document does not scroll sideways, and
+  no element sticks out of the page or is cut off by a clipping box, unless it sits inside a box
+  that scrolls sideways (``overflow-x: auto/scroll``: code, tables, display equations); every such
+  box whose content is wider than it shows a cue (kltutorial.js marks it ``kl-scroll-x`` and
+  kltutorial.css fades its hidden edge) and can be focused to scroll with the keyboard;
+* every image of the article is decoded (``naturalWidth > 0``), has alt text that describes it
+  (not empty, not a file name), sits in a figure with a caption, and is a focusable link to its
+  own file (a click opens it at full size);
+* every internal link resolves: the file it points to exists, and its ``#anchor`` is an id on
+  that page;
+* the visible ☰ button works: on a phone it opens the contents (the primary sidebar dialog),
+  on a desktop it collapses the sidebar;
+* in dark mode (desktop; the reader's system asking for it, as the book follows it), every code
+  block is dark, and no cell output carries a style sheet of its own;
+* a screenshot is saved under ``_build/screenshots/`` (next to the HTML folder): ``desktop/``,
+  ``phone/`` (one JPEG per page, the whole page up to 12,000 px) and ``desktop-dark/`` (the top of
+  each page).
+
+Two more tests open a figure by click and by keyboard, and search the book for "KL".
+
+One browser serves the whole session, with one offline context per viewport; each page is
+loaded once per viewport (storage cleared first, so it is a first visit) and every check above
+reads that one visit, so the cost grows with the number of pages, not of checks.
 
 The browser is Debian's Chromium driven by Playwright's sync API (``executable_path``;
-Playwright's own browser downloads are never used). Every page is opened in a fresh
-browser context that Playwright keeps offline, and host-name resolution is switched off
-in the browser too, so anything that would fetch from the network fails and is reported.
+Playwright's own browser downloads are never used). Contexts are offline, and host-name
+resolution is switched off in the browser too, so anything that would fetch from the network
+fails and is reported.
 
-Without Chromium (``/usr/bin/chromium`` or ``$CHROMIUM``) the tests skip locally
-and fail when ``CI`` is set. ``$KLTUTORIAL_HTML_DIR`` overrides the HTML folder.
+Without Chromium (``/usr/bin/chromium`` or ``$CHROMIUM``) the tests skip locally and fail when
+``CI`` is set. ``$KLTUTORIAL_HTML_DIR`` overrides the HTML folder (screenshots then go to its
+parent's ``screenshots/``).
 
-To add a check on every page: have :func:`load_page` record what it needs (a listener or
-a probe) on :class:`PageReport`, and assert it in a test parametrised over ``PAGES``.
+To add a check on every page: have :meth:`Reader.visit` record what it needs on
+:class:`PageReport` (a listener, or a field of :data:`READER_PROBE`), and assert it in a test
+parametrised over ``VISITS`` (both widths) or ``PAGES`` (desktop).
 """
 
 from __future__ import annotations
 
 import functools
+import html.parser
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import pytest
-from playwright.sync_api import Browser, ConsoleMessage, Page, Request, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Page, Request, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
@@ -39,12 +68,19 @@ pytestmark = pytest.mark.book
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML_DIR = Path(os.environ.get("KLTUTORIAL_HTML_DIR", ROOT / "_build" / "html")).resolve()
+SCREENSHOT_DIR = HTML_DIR.parent / "screenshots"
 IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 LOCAL_SCHEMES = ("file:", "data:", "blob:", "about:")
 PAGE_TIMEOUT_MS = 30_000
-LATE_EVENTS_MS = 500  # after the probe, wait this long: late errors (async scripts, fonts) still count
-DESKTOP = {"width": 1280, "height": 1600}
+STATE_TIMEOUT_MS = 3_000  # a sidebar opening, a theme switching
+LATE_EVENTS_MS = 500  # a visit lasts at least this long after its probe: late errors still count
+SCREENSHOT_MAX_PX = 12_000  # a JPEG holds at most 65,535 px; the API page is 100,000+ on a phone
 REDIRECT = re.compile(r"<meta[^>]+http-equiv=[\"']?refresh", re.IGNORECASE)
+
+VIEWPORTS: dict[str, dict] = {
+    "desktop": {"viewport": {"width": 1400, "height": 900}},
+    "phone": {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True},
+}
 
 # Headless, as root on a machine without a GPU; no background traffic of Chromium's own.
 CHROMIUM_FLAGS = [
@@ -68,6 +104,12 @@ def _pages() -> list[Path]:
 
 PAGES = _pages()
 PAGE_IDS = [p.relative_to(HTML_DIR).as_posix() for p in PAGES]
+VISITS = [pytest.param(page, width, id=f"{name}@{width}")
+          for page, name in zip(PAGES, PAGE_IDS, strict=True) for width in VIEWPORTS]
+
+
+def _name(page: Path) -> str:
+    return page.relative_to(HTML_DIR).as_posix()
 
 
 def _unavailable(reason: str) -> None:
@@ -85,10 +127,24 @@ def _find_chromium() -> str | None:
 
 @dataclass
 class PageReport:
+    """What one visit of one page at one width saw. Empty dicts mean the probe never ran."""
+
     url: str
+    width: str = "desktop"
     errors: list[str] = field(default_factory=list)
     remote_requests: list[str] = field(default_factory=list)
     math: dict = field(default_factory=dict)
+    reader: dict = field(default_factory=dict)  # READER_PROBE: layout, scroll boxes, images, links, ids
+    toggle: dict = field(default_factory=dict)
+    dark: dict = field(default_factory=dict)
+    screenshots: list[Path] = field(default_factory=list)
+
+    def probed(self, part: str) -> dict:
+        """The named probe's result; fails the test, with the visit's errors, if it never ran."""
+        value = getattr(self, part)
+        if not value:
+            pytest.fail(f"{self.url} ({self.width}): the {part} probe did not run: {self.errors}")
+        return value
 
 
 # Waits for MathJax (if the page loads it) and reports how the formulas were rendered.
@@ -125,20 +181,161 @@ async () => {
 }
 """
 
+# What a reader meets on the page, measured after MathJax (MATH_PROBE waits for it) and after
+# kltutorial.js has marked the boxes it added (two animation frames).
+#   overflow:   elements of <main> outside the page, or cut off by a clipping ancestor, that are
+#               not inside a box that scrolls sideways (only the outermost of a nested run).
+#   scrollBoxes: boxes of <main> whose content is wider than they are, with their cue.
+#   images:     every content <img> of <main> (not the theme's icons): decoded, alt, figure caption, link.
+#   links:      every a[href] of the page, absolute; ids: every id (and a[name]) on the page.
+READER_PROBE = r"""
+async (width) => {
+  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  const main = document.querySelector('main') || document.body;
+  const vw = Math.min(document.documentElement.clientWidth, width);
+  const styles = new Map();
+  const style = el => {
+    if (!styles.has(el)) styles.set(el, getComputedStyle(el));
+    return styles.get(el);
+  };
+  const scrolls = el => ['auto', 'scroll'].includes(style(el).overflowX);
+  const describe = el => {
+    const cls = [...el.classList].filter(c => !c.startsWith('mjx-')).slice(0, 3).map(c => '.' + c).join('');
+    const id = el.id ? '#' + el.id : '';
+    const text = (el.textContent || '').trim().replace(/\s+/g, ' ').slice(0, 50);
+    return `<${el.tagName.toLowerCase()}${id}${cls}> "${text}"`;
+  };
+  const hidden = el => el.closest('mjx-assistive-mml, .visually-hidden, .sr-only, [hidden]')
+      || style(el).visibility === 'hidden';
+  const overflow = [];
+  const offenders = new Set();
+  for (const el of main.querySelectorAll('*')) {
+    if (hidden(el)) continue;
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 && r.height === 0) continue;
+    let clippedBy = null, inScrollBox = false;
+    for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
+      if (scrolls(a)) { inScrollBox = true; break; }
+      const ox = style(a).overflowX;
+      if (ox === 'hidden' || ox === 'clip') {
+        const ar = a.getBoundingClientRect();
+        if (r.right > ar.right + 1 || r.left < ar.left - 1) { clippedBy = a; break; }
+      }
+    }
+    if (inScrollBox) continue;
+    if (clippedBy || r.right > vw + 1 || r.left < -1) {
+      offenders.add(el);
+      if (offenders.has(el.parentElement)) continue;
+      overflow.push(`${describe(el)} spans x = ${Math.round(r.left)}..${Math.round(r.right)} px, `
+          + (clippedBy ? `cut off by ${describe(clippedBy).slice(0, 60)}` : `outside the ${vw} px page`));
+    }
+  }
+  const scrollBoxes = [];
+  for (const el of main.querySelectorAll('*')) {
+    if (hidden(el) || !scrolls(el) || el.scrollWidth - el.clientWidth <= 1) continue;
+    const s = style(el);
+    const mask = s.maskImage || s.webkitMaskImage || 'none';
+    scrollBoxes.push({
+      box: describe(el), hiddenPx: el.scrollWidth - el.clientWidth,
+      cue: el.classList.contains('kl-scroll-x') && el.classList.contains('kl-more-right') && mask !== 'none',
+      focusable: el.tabIndex >= 0,
+    });
+  }
+  const images = [];
+  // Content images: not the theme's own icons (_static/, e.g. the module index's +/- togglers).
+  const content = [...main.querySelectorAll('img')].filter(img =>
+      !img.classList.contains('toggler') && !/(^|\/)_static\//.test(img.getAttribute('src') || ''));
+  for (const img of content) {
+    if (!img.complete || img.naturalWidth === 0) {
+      img.loading = 'eager';
+      await Promise.race([img.decode().catch(() => null), new Promise(r => setTimeout(r, 5000))]);
+    }
+    const figure = img.closest('figure');
+    const caption = figure && figure.querySelector('figcaption');
+    const link = img.closest('a[href]');
+    images.push({
+      src: img.getAttribute('src'), url: img.src, alt: img.getAttribute('alt'),
+      naturalWidth: img.naturalWidth, inFigure: Boolean(figure),
+      caption: caption ? caption.textContent.trim().replace(/\s+/g, ' ') : '',
+      link: link ? link.href : null, linkFocusable: Boolean(link) && link.tabIndex >= 0,
+    });
+  }
+  const links = [...new Set([...document.querySelectorAll('a[href]')].map(a => a.href))];
+  const ids = [...document.querySelectorAll('[id]')].map(e => e.id)
+      .concat([...document.querySelectorAll('a[name]')].map(a => a.getAttribute('name')));
+  // If the page itself scrolls sideways, what sticks out anywhere (hidden elements included).
+  const scrollWidth = document.documentElement.scrollWidth;
+  const wider = [];
+  if (scrollWidth > vw + 1) {
+    for (const el of document.body.querySelectorAll('*')) {
+      const r = el.getBoundingClientRect();
+      if (r.right <= vw + 1 || r.width === 0) continue;
+      let a = el.parentElement;
+      while (a && a !== document.body && style(a).overflowX === 'visible') a = a.parentElement;
+      if (a && a !== document.body) continue;
+      wider.push(`${describe(el)} spans x = ${Math.round(r.left)}..${Math.round(r.right)} px`);
+      if (wider.length >= 5) break;
+    }
+  }
+  return {viewport: vw, scrollWidth, wider, overflow, scrollBoxes, images, links, ids};
+}
+"""
 
-def watch(page: Page, report: PageReport) -> None:
-    """Record the page's uncaught exceptions and error-level console messages in ``report``.
+VISIBLE = """(el) => { const r = el.getBoundingClientRect(), s = getComputedStyle(el);
+  return r.width > 0 && r.height > 0 && s.visibility !== 'hidden' && s.display !== 'none'; }"""
+
+# Dark mode: every visible code block of <main> with the luminance (0 black .. 1 white) of its
+# background (its own or the nearest painted ancestor's) and of its text; style sheets in <main>.
+DARK_PROBE = r"""
+() => {
+  const lum = (color) => {
+    const m = color.match(/rgba?\(([^)]+)\)/);
+    if (!m) return null;
+    const [r, g, b, a = 1] = m[1].split(/[ ,\/]+/).filter(Boolean).map(Number);
+    if (a === 0) return null;
+    const lin = c => { c /= 255; return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b);
+  };
+  const background = (el) => {
+    for (let a = el; a; a = a.parentElement) {
+      const l = lum(getComputedStyle(a).backgroundColor);
+      if (l !== null) return l;
+    }
+    return 1;
+  };
+  const main = document.querySelector('main') || document.body;
+  const blocks = [...main.querySelectorAll('pre')]
+    .filter(pre => pre.getBoundingClientRect().height > 0)
+    .map(pre => ({
+      block: (pre.closest('[class*="highlight"], .output') || pre).className.slice(0, 60)
+        + ' "' + pre.textContent.trim().slice(0, 40) + '"',
+      background: background(pre), text: lum(getComputedStyle(pre).color),
+    }));
+  return {
+    theme: document.documentElement.dataset.theme,
+    blocks,
+    styleSheets: [...main.querySelectorAll('style')].map(s => s.textContent.trim().slice(0, 80)),
+  };
+}
+"""
+
+
+def watch(page: Page, reader: Reader) -> None:
+    """Record uncaught exceptions and error-level console messages on the visit in progress.
 
     Playwright passes Chromium's own error log (a resource that failed to load, a blocked
     request) on as console messages of type ``error`` too.
     """
-    page.on("pageerror", lambda exc: report.errors.append(f"uncaught exception: {exc.stack or exc}"))
+
+    def on_error(exc: PlaywrightError) -> None:
+        reader.current.errors.append(f"uncaught exception: {exc.stack or exc}")
 
     def on_console(message: ConsoleMessage) -> None:
         if message.type in ("error", "assert"):
             where = message.location.get("url") or ""
-            report.errors.append(f"console.{message.type}: {message.text} {where}".rstrip())
+            reader.current.errors.append(f"console.{message.type}: {message.text} {where}".rstrip())
 
+    page.on("pageerror", on_error)
     page.on("console", on_console)
 
 
@@ -154,36 +351,127 @@ def probe_math(page: Page) -> dict:
     raise PlaywrightError("the page kept navigating; the math probe never completed")
 
 
-def load_page(browser: Browser, path: Path, viewport: dict | None = None) -> PageReport:
-    """Open ``path`` in a fresh, offline browser context and report what happened."""
-    report = PageReport(url=path.as_uri())
-    # A fresh context per page: empty storage, so every page is a first visit.
-    context = browser.new_context(offline=True, viewport=viewport or DESKTOP)
+def new_context(browser: Browser, width: str) -> BrowserContext:
+    context = browser.new_context(offline=True, color_scheme="light", device_scale_factor=1,
+                                  **VIEWPORTS[width])
     context.set_default_timeout(PAGE_TIMEOUT_MS)
+    return context
 
-    def on_request(request: Request) -> None:
-        if not request.url.startswith(LOCAL_SCHEMES):
-            report.remote_requests.append(request.url)
 
-    context.on("request", on_request)  # on the context: requests of workers and pop-ups count too
-    try:
-        page = context.new_page()
-        watch(page, report)
+def screenshot_path(kind: str, page: Path) -> Path:
+    return SCREENSHOT_DIR / kind / page.relative_to(HTML_DIR).with_suffix(".jpg")
+
+
+class Reader:
+    """One browser tab at one width, which visits pages one after the other."""
+
+    def __init__(self, browser: Browser, width: str) -> None:
+        self.width = width
+        self.size = VIEWPORTS[width]["viewport"]
+        self.current = PageReport(url="about:blank", width=width)
+        self.context = new_context(browser, width)
+
+        def on_request(request: Request) -> None:
+            if not request.url.startswith(LOCAL_SCHEMES):
+                self.current.remote_requests.append(request.url)
+
+        self.context.on("request", on_request)  # on the context: workers and pop-ups count too
+        self.page = self.context.new_page()
+        watch(self.page, self)
+
+    def close(self) -> None:
+        self.context.close()
+
+    def visit(self, path: Path) -> PageReport:
+        report = self.current = PageReport(url=path.as_uri(), width=self.width)
+        page = self.page
         try:
-            page.goto(report.url, wait_until="load")
-            if REDIRECT.search(path.read_text(encoding="utf8", errors="replace")):
-                # The root index.html only sends the reader on: check the page it lands on.
-                page.wait_for_url(lambda url: url != report.url, wait_until="load")
-        except PlaywrightTimeoutError:
-            report.errors.append(f"page not loaded within {PAGE_TIMEOUT_MS / 1000:.0f} s")
-        try:
+            if page.url.startswith("file:"):  # a first visit: nothing stored by the page before
+                page.evaluate("() => { localStorage.clear(); sessionStorage.clear(); }")
+            try:
+                page.goto(report.url, wait_until="load")
+                if REDIRECT.search(path.read_text(encoding="utf8", errors="replace")):
+                    # The root index.html only sends the reader on: check the page it lands on.
+                    page.wait_for_url(lambda url: url != report.url, wait_until="load")
+            except PlaywrightTimeoutError:
+                report.errors.append(f"page not loaded within {PAGE_TIMEOUT_MS / 1000:.0f} s")
             report.math = probe_math(page)
-        except PlaywrightError as exc:
-            report.errors.append(f"math probe failed: {exc}")
-        page.wait_for_timeout(LATE_EVENTS_MS)
-    finally:
-        context.close()
-    return report
+            probed_at = time.monotonic()
+            report.reader = page.evaluate(READER_PROBE, self.size["width"])
+            self.screenshot(report, self.width, path)
+            if self.width == "desktop":
+                report.dark = self.dark_mode(report, path)
+            report.toggle = self.try_primary_toggle()
+            left = LATE_EVENTS_MS / 1000 - (time.monotonic() - probed_at)
+            if left > 0:
+                page.wait_for_timeout(left * 1000)
+        except PlaywrightError as exc:  # report it against this visit only
+            report.errors.append(f"browser: {exc}")
+        return report
+
+    def screenshot(self, report: PageReport, kind: str, path: Path, full_page: bool = True) -> None:
+        target = screenshot_path(kind, path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        clip = None
+        if full_page:  # the whole page, or its first SCREENSHOT_MAX_PX
+            height = self.page.evaluate("document.documentElement.scrollHeight")
+            clip = {"x": 0, "y": 0, "width": self.size["width"], "height": min(height, SCREENSHOT_MAX_PX)}
+        self.page.screenshot(path=target, full_page=full_page, clip=clip, type="jpeg", quality=70)
+        report.screenshots.append(target)
+
+    def dark_mode(self, report: PageReport, path: Path) -> dict:
+        """Switch the reader's system to dark, probe and photograph the page, switch back."""
+        page = self.page
+        page.emulate_media(color_scheme="dark")
+        try:
+            page.wait_for_function("document.documentElement.dataset.theme === 'dark'",
+                                   timeout=STATE_TIMEOUT_MS)
+            dark = page.evaluate(DARK_PROBE)
+            self.screenshot(report, "desktop-dark", path, full_page=False)  # the top is enough
+        except PlaywrightTimeoutError:
+            dark = {"theme": page.evaluate("document.documentElement.dataset.theme"),
+                    "blocks": [], "styleSheets": []}
+        finally:
+            page.emulate_media(color_scheme="light")
+        return dark
+
+    def try_primary_toggle(self) -> dict:
+        """Click the visible ☰ and record what it did (then undo it).
+
+        Phone: the contents open in the primary sidebar dialog (and Escape closes it).
+        Desktop: the primary sidebar is hidden (the next visit reloads the page anyway).
+        """
+        page = self.page
+        buttons = page.locator(".primary-toggle").filter(visible=True)
+        result: dict = {"visible_buttons": buttons.count()}
+        if result["visible_buttons"] != 1:
+            return result
+        if self.width == "phone":
+            dialog = page.locator("dialog#pst-primary-sidebar-modal")
+            buttons.click()
+            result["opened"] = self._becomes(
+                "() => { const d = document.querySelector('dialog#pst-primary-sidebar-modal');"
+                f" return Boolean(d && d.open && ({VISIBLE})(d)"
+                " && [...d.querySelectorAll('nav a[href]')]"
+                "      .some(a => a.getBoundingClientRect().height > 0)); }")
+            if dialog.count():
+                page.keyboard.press("Escape")
+                result["closed"] = self._becomes(
+                    "() => !document.querySelector('dialog#pst-primary-sidebar-modal').open")
+        else:
+            sidebar = ("(() => { const s = document.querySelector('#pst-primary-sidebar');"
+                       f" return s && ({VISIBLE})(s); }})()")
+            result["shown_before"] = page.evaluate(sidebar)
+            buttons.click()
+            result["collapsed"] = self._becomes(f"() => !{sidebar}")
+        return result
+
+    def _becomes(self, predicate: str) -> bool:
+        try:
+            self.page.wait_for_function(predicate, timeout=STATE_TIMEOUT_MS)
+            return True
+        except PlaywrightTimeoutError:
+            return False
 
 
 @pytest.fixture(scope="session")
@@ -202,17 +490,27 @@ def browser() -> Iterator[Browser]:
 
 
 @pytest.fixture(scope="session")
-def report_of(browser: Browser) -> Callable[[Path], PageReport]:
-    """The desktop report of a page, loaded on first use and kept for the session."""
+def visit(browser: Browser) -> Iterator[Callable[[Path, str], PageReport]]:
+    """The report of a page at a width, visited on first use and kept for the session."""
+    if SCREENSHOT_DIR.is_dir():
+        shutil.rmtree(SCREENSHOT_DIR)  # no screenshot of a page that is no longer built
+    readers: dict[str, Reader] = {}
 
     @functools.cache
-    def report_of(page: Path) -> PageReport:
-        try:
-            return load_page(browser, page)
-        except PlaywrightError as exc:  # report it against this page only
-            return PageReport(url=page.as_uri(), errors=[f"browser: {exc}"])
+    def visit(page: Path, width: str = "desktop") -> PageReport:
+        if width not in readers:
+            readers[width] = Reader(browser, width)
+        return readers[width].visit(page)
 
-    return report_of
+    yield visit
+    for reader in readers.values():
+        reader.close()
+
+
+@pytest.fixture(scope="session")
+def report_of(visit: Callable[[Path, str], PageReport]) -> Callable[[Path], PageReport]:
+    """The desktop report of a page."""
+    return lambda page: visit(page, "desktop")
 
 
 def test_book_was_built() -> None:
@@ -229,25 +527,26 @@ def test_html_references_nothing_remote() -> None:
                         re.IGNORECASE)
     offenders = {}
     for page in PAGES:
-        html = page.read_text(encoding="utf8", errors="replace")
-        hits = [m.group(0) for m in remote.finditer(html)
+        html_text = page.read_text(encoding="utf8", errors="replace")
+        hits = [m.group(0) for m in remote.finditer(html_text)
                 if "rel=\"preconnect\"" not in m.group(0)]
         if hits:
-            offenders[page.relative_to(HTML_DIR).as_posix()] = hits
+            offenders[_name(page)] = hits
     assert not offenders, f"pages that load remote resources: {offenders}"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
-def test_page_loads_offline_without_errors(page: Path, report_of: Callable[[Path], PageReport]) -> None:
-    report = report_of(page)
+@pytest.mark.parametrize(("page", "width"), VISITS)
+def test_page_loads_offline_without_errors(page: Path, width: str,
+                                           visit: Callable[[Path, str], PageReport]) -> None:
+    report = visit(page, width)
     problems = report.errors + [f"request leaves the build: {url}" for url in report.remote_requests]
-    assert not problems, f"{report.url}:\n" + "\n".join(problems)
+    assert not problems, f"{report.url} ({width}):\n" + "\n".join(problems)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
 def test_math_is_typeset_by_local_mathjax(page: Path, report_of: Callable[[Path], PageReport]) -> None:
-    name = page.relative_to(HTML_DIR).as_posix()
-    math = report_of(page).math
+    name = _name(page)
+    math = report_of(page).probed("math")
     if math.get("formulas"):
         assert math["mathjaxLoaded"], f"{name}: has formulas but MathJax did not load"
         assert all(not re.match(r"(?:https?:)?//", s) for s in math["mathjaxScripts"]), (
@@ -265,3 +564,232 @@ def test_some_page_has_typeset_math(report_of: Callable[[Path], PageReport]) -> 
     """Guard against a vacuous pass: the book has formulas, so some must be typeset."""
     typeset = {name: report_of(page).math.get("mjx", 0) for name, page in zip(PAGE_IDS, PAGES, strict=True)}
     assert sum(typeset.values()) > 0, f"no mjx-container on any page: {typeset}"
+
+
+@pytest.mark.parametrize(("page", "width"), VISITS)
+def test_article_fits_the_viewport(page: Path, width: str,
+                                   visit: Callable[[Path, str], PageReport]) -> None:
+    """Nothing widens the page or is cut off; wide content scrolls inside its own box."""
+    reader = visit(page, width).probed("reader")
+    name, vw = _name(page), reader["viewport"]
+    assert reader["scrollWidth"] <= vw + 1, (
+        f"{name} ({width}): the page scrolls sideways ({reader['scrollWidth']} px wide in a {vw} px "
+        f"viewport); what sticks out: {reader['wider']}"
+    )
+    overflow = reader["overflow"]
+    assert not overflow, (
+        f"{name} ({width}): {len(overflow)} elements stick out of the page or are cut off without a "
+        "scrolling box (give the wide content a box with overflow-x: auto):\n" + "\n".join(overflow[:8])
+    )
+
+
+@pytest.mark.parametrize(("page", "width"), VISITS)
+def test_wide_boxes_show_that_they_scroll(page: Path, width: str,
+                                          visit: Callable[[Path, str], PageReport]) -> None:
+    """A box whose content is cut at its edge fades there (kltutorial.js/.css) and takes focus."""
+    boxes = visit(page, width).probed("reader")["scrollBoxes"]
+    silent = [f"{b['box']} hides {b['hiddenPx']} px" for b in boxes if not b["cue"]]
+    assert not silent, (
+        f"{_name(page)} ({width}): {len(silent)} boxes scroll sideways with no cue "
+        "(no kl-scroll-x/kl-more-right class or no fade mask):\n" + "\n".join(silent[:8])
+    )
+    unfocusable = [b["box"] for b in boxes if not b["focusable"]]
+    assert not unfocusable, (
+        f"{_name(page)} ({width}): boxes a keyboard cannot scroll (no tabindex): {unfocusable[:5]}"
+    )
+
+
+# A file name or path in place of a description: one word with a slash, or an image file name.
+# ("Reward/KL frontier for five values of β" is a description, a slash and all.)
+FILE_LIKE = re.compile(r"\S*[/\\]\S*|\S+\.(png|jpe?g|svg|gif|webp)", re.IGNORECASE)
+
+
+def _alt_problem(alt: str | None, src: str) -> str | None:
+    if alt is None or not alt.strip():
+        return "no alt text"
+    text = alt.strip()
+    base = src.rsplit("/", 1)[-1]
+    if text == base or FILE_LIKE.fullmatch(text):
+        return f"alt text is a file name: {text!r}"
+    return None
+
+
+@pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
+def test_images_are_decoded_described_and_captioned(
+        page: Path, report_of: Callable[[Path], PageReport]) -> None:
+    """Every image of the article: decoded, described, in a captioned figure, linked to itself."""
+    problems = []
+    for img in report_of(page).probed("reader")["images"]:
+        src = img["src"]
+        if img["naturalWidth"] <= 0:
+            problems.append(f"{src}: not decoded (naturalWidth 0: missing or broken file)")
+        if (alt := _alt_problem(img["alt"], src or "")) is not None:
+            problems.append(f"{src}: {alt}")
+        if not img["inFigure"]:
+            problems.append(f"{src}: not in a figure (a cell output image: glue it and place it "
+                            "with ```{glue:figure}```, with :alt: and a caption)")
+        elif not img["caption"]:
+            problems.append(f"{src}: its figure has no caption")
+        if img["link"] != img["url"]:
+            problems.append(f"{src}: not a link to its own file (links to {img['link']}): "
+                            "a click should open it at full size")
+        elif not img["linkFocusable"]:
+            problems.append(f"{src}: its link cannot take keyboard focus")
+    assert not problems, f"{_name(page)}:\n" + "\n".join(problems)
+
+
+@functools.cache
+def _ids_in(path: Path) -> frozenset[str]:
+    """The ids (and <a name>) of a built HTML file, read from its source."""
+
+    class Ids(html.parser.HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ids: set[str] = set()
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            for key, value in attrs:
+                if value and (key == "id" or (key == "name" and tag == "a")):
+                    self.ids.add(value)
+
+    parser = Ids()
+    parser.feed(path.read_text(encoding="utf8", errors="replace"))
+    return frozenset(parser.ids)
+
+
+def link_problems(page: Path, links: list[str], page_ids: set[str]) -> list[str]:
+    """Internal links of ``page`` that point to no built file, or to an id that is not there."""
+    problems = []
+    for href in links:
+        parts = urlsplit(href)
+        if parts.scheme != "file":
+            continue  # http(s), mailto: a reference, not a part of the build
+        target = Path(unquote(parts.path))
+        anchor = unquote(parts.fragment)
+        if target == page:
+            if anchor and anchor not in page_ids:
+                problems.append(f"#{anchor}: no element has this id on the page")
+            continue
+        if not target.is_file():
+            problems.append(f"{href}: no such file in the build")
+        elif target.suffix == ".html" and anchor and anchor not in _ids_in(target):
+            problems.append(f"{href}: {target.name} has no element with id {anchor!r}")
+        elif HTML_DIR not in target.parents:
+            problems.append(f"{href}: outside the built book")
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
+def test_internal_links_resolve(page: Path, report_of: Callable[[Path], PageReport]) -> None:
+    report = report_of(page)
+    reader = report.probed("reader")
+    landed = Path(unquote(urlsplit(report.url).path))
+    assert reader["links"], f"{_name(page)}: no link at all (not even the contents)"
+    problems = link_problems(landed, reader["links"], set(reader["ids"]))
+    assert not problems, f"{_name(page)}: {len(problems)} broken links:\n" + "\n".join(problems[:10])
+
+
+@pytest.mark.parametrize(("page", "width"), VISITS)
+def test_visible_menu_button_works(page: Path, width: str,
+                                   visit: Callable[[Path, str], PageReport]) -> None:
+    toggle = visit(page, width).probed("toggle")
+    name = _name(page)
+    assert toggle["visible_buttons"] == 1, (
+        f"{name} ({width}): expected one visible ☰ (.primary-toggle), found {toggle['visible_buttons']}"
+    )
+    if width == "phone":
+        assert toggle["opened"], f"{name} (phone): ☰ did not open the contents (primary sidebar dialog)"
+        assert toggle.get("closed"), f"{name} (phone): Escape did not close the contents dialog"
+    else:
+        assert toggle["shown_before"], f"{name} (desktop): the primary sidebar is not shown at first"
+        assert toggle["collapsed"], f"{name} (desktop): ☰ did not collapse the primary sidebar"
+
+
+DARK_BACKGROUND_MAX = 0.2  # relative luminance: pydata's dark surfaces are < 0.05, white is 1
+
+
+@pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
+def test_dark_mode_code_is_dark(page: Path, report_of: Callable[[Path], PageReport]) -> None:
+    """In dark mode every code block (listings, outputs) is dark, and no output styles the page."""
+    dark = report_of(page).probed("dark")
+    name = _name(page)
+    assert dark["theme"] == "dark", f"{name}: the page did not follow the system's dark mode"
+    bright = [f"{b['block']} (background luminance {b['background']:.2f})"
+              for b in dark["blocks"] if b["background"] > DARK_BACKGROUND_MAX]
+    assert not bright, f"{name}: bright code blocks in dark mode:\n" + "\n".join(bright[:8])
+    unreadable = [b["block"] for b in dark["blocks"] if b["text"] is not None and b["text"] < 0.2]
+    assert not unreadable, f"{name}: dark text on the dark code background: {unreadable[:5]}"
+    assert not dark["styleSheets"], (
+        f"{name}: a cell output carries its own style sheet, which ignores dark mode and restyles "
+        f"the whole page: {dark['styleSheets'][:3]}"
+    )
+
+
+def test_every_page_is_photographed(visit: Callable[[Path, str], PageReport]) -> None:
+    """A JPEG of every page at both widths, and in dark mode at desktop width, for review."""
+    if not PAGES:
+        _unavailable(f"no built book in {HTML_DIR}")
+    missing = []
+    for page in PAGES:
+        for width in VIEWPORTS:
+            visit(page, width)
+        for kind in (*VIEWPORTS, "desktop-dark"):
+            shot = screenshot_path(kind, page)
+            if not shot.is_file() or shot.stat().st_size < 1000:
+                missing.append(shot.relative_to(SCREENSHOT_DIR).as_posix())
+    assert not missing, f"screenshots missing under {SCREENSHOT_DIR}: {missing}"
+
+
+def _first_figure(report_of: Callable[[Path], PageReport]) -> tuple[Path, dict]:
+    for page in PAGES:
+        for img in report_of(page).reader.get("images", []):
+            if img["inFigure"] and img["naturalWidth"] > 0:
+                return page, img
+    pytest.fail("no page has a figure with a decoded image (the book's figures are glue:figure)")
+
+
+def test_a_figure_opens_full_size_by_click_and_by_keyboard(
+        browser: Browser, report_of: Callable[[Path], PageReport]) -> None:
+    page_path, img = _first_figure(report_of)
+    context = new_context(browser, "desktop")
+    try:
+        page = context.new_page()
+        for how in ("click", "keyboard"):
+            page.goto(page_path.as_uri(), wait_until="load")
+            image = page.locator(f"main img[src='{img['src']}']").first
+            if how == "click":
+                image.click()
+            else:
+                image.locator("xpath=ancestor::a[1]").focus()
+                page.keyboard.press("Enter")
+            page.wait_for_url(img["url"], timeout=STATE_TIMEOUT_MS)
+            shown = page.evaluate("() => ({type: document.contentType, width: document.images.length"
+                                  " ? document.images[0].naturalWidth : 0})")
+            assert shown["type"].startswith("image/") and shown["width"] == img["naturalWidth"], (
+                f"{_name(page_path)}: {how} on {img['src']} opened {page.url}, showing {shown}"
+            )
+    finally:
+        context.close()
+
+
+def test_search_finds_the_book_s_subject(browser: Browser) -> None:
+    search = HTML_DIR / "search.html"
+    if not search.is_file():
+        _unavailable(f"no search page in {HTML_DIR}")
+    reader = Reader(browser, "desktop")
+    try:
+        reader.current = report = PageReport(url=search.as_uri() + "?q=KL")
+        reader.page.goto(report.url, wait_until="load")
+        reader.page.wait_for_function(
+            "() => /Search finished/.test(document.querySelector('#search-results')?.textContent || '')",
+            timeout=PAGE_TIMEOUT_MS)
+        results = reader.page.locator("#search-results ul.search li a[href]")
+        hits = results.count()
+        first = results.first.get_attribute("href") if hits else None
+        reader.page.wait_for_timeout(LATE_EVENTS_MS)
+    finally:
+        reader.close()
+    assert hits >= 1, f"searching the book for 'KL' found nothing ({report.url})"
+    assert first and (search.parent / first.split("#")[0]).is_file(), f"first result links nowhere: {first}"
+    problems = report.errors + report.remote_requests
+    assert not problems, f"search page: {problems}"

@@ -1,4 +1,5 @@
-"""Tests for kltutorial.display: the book shows the real source, without docstrings unless asked."""
+"""Tests for kltutorial.display: the book shows the real source, without docstrings unless asked,
+as a Markdown code block that the book's theme and JupyterLab highlight."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import inspect
 import textwrap
 
 import pytest
-from IPython.display import Code
+from IPython.core.formatters import format_display_data
+from markdown_it import MarkdownIt
+from myst_nb.core.render import base_render_priority
 
 from kltutorial import display
-from kltutorial.display import show_source, source_of
+from kltutorial.display import SourceListing, show_source, source_of
 
 
 # Objects to show. Their exact text is part of the expected values below.
@@ -125,16 +128,57 @@ def test_anything_but_a_function_method_or_class_is_refused(obj: object, type_na
         show_source(obj)
 
 
-def test_show_source_is_highlighted_python_of_source_of() -> None:
+def _fenced_blocks(markdown: str) -> list[tuple[str, str]]:
+    """(language, code) of every fenced block, as a CommonMark parser reads ``markdown``."""
+    tokens = MarkdownIt("commonmark").parse(markdown)
+    return [(t.info.strip(), t.content) for t in tokens if t.type == "fence"]
+
+
+def _shown_mime(bundle: dict) -> str:
+    """The MIME type myst-nb renders in an HTML build: the lowest priority number it has."""
+    priority = base_render_priority()["html"]
+    return min((m for m in bundle if priority.get(m) is not None), key=priority.__getitem__)
+
+
+def test_show_source_is_a_python_code_block_of_source_of() -> None:
     shown = show_source(sample)
-    assert isinstance(shown, Code)
-    assert shown.language == "python"
-    assert shown.data == SAMPLE_WITHOUT_DOCSTRING
-    html = shown._repr_html_()
-    assert "sample" in html and "Add one" not in html
-    assert "<span" in html  # Pygments markup, not plain text
+    assert isinstance(shown, SourceListing)
+    assert shown.code == SAMPLE_WITHOUT_DOCSTRING and shown.language == "python"
+    assert _fenced_blocks(shown._repr_markdown_()) == [("python", SAMPLE_WITHOUT_DOCSTRING)]
+
+
+def test_show_source_displays_as_markdown_without_html_or_style_sheet() -> None:
+    """The notebook output is text/markdown (rendered by Sphinx and JupyterLab) plus plain text, no HTML.
+
+    An HTML output with its own Pygments style sheet ignored the theme's dark mode and set
+    ``pre { line-height }`` for the whole page: it must not come back.
+    """
+    bundle, _ = format_display_data(show_source(Sample))
+    assert set(bundle) == {"text/markdown", "text/plain"}
+    assert _shown_mime(bundle) == "text/markdown"  # what myst-nb puts on the HTML page
+    assert _fenced_blocks(bundle["text/markdown"]) == [("python", CLASS_WITHOUT_DOCSTRINGS)]
+    assert bundle["text/plain"] == CLASS_WITHOUT_DOCSTRINGS.rstrip("\n")
+    assert "<style" not in bundle["text/markdown"] and "line-height" not in bundle["text/markdown"]
 
 
 def test_show_source_passes_docstring_on() -> None:
-    assert show_source(sample, docstring=True).data == source_of(sample, docstring=True)
-    assert "Add one" in show_source(sample, docstring=True)._repr_html_()
+    shown = show_source(sample, docstring=True)
+    assert shown.code == source_of(sample, docstring=True)
+    assert "Add one" in shown._repr_markdown_() and "Add one" not in show_source(sample)._repr_markdown_()
+
+
+@pytest.mark.parametrize("code", ["x = '```'\n", "s = '````python'\n", "`", "no newline at the end"])
+def test_backticks_in_the_code_cannot_close_the_fence(code: str) -> None:
+    blocks = _fenced_blocks(SourceListing(code)._repr_markdown_())
+    assert blocks == [("python", code if code.endswith("\n") else code + "\n")]
+
+
+def test_listing_shows_the_code_as_str_and_checks_its_arguments() -> None:
+    listing = SourceListing("x = 1\n", language="pycon")
+    assert str(listing) == "x = 1\n"
+    assert _fenced_blocks(listing._repr_markdown_()) == [("pycon", "x = 1\n")]
+    assert eval(repr(listing), {"SourceListing": SourceListing}).code == "x = 1\n"
+    with pytest.raises(TypeError, match="code must be a str, got bytes"):
+        SourceListing(b"x = 1")
+    with pytest.raises(ValueError, match="language must be a lexer name"):
+        SourceListing("x = 1", language="python\n```")

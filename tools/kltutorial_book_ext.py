@@ -20,16 +20,35 @@ Page fixes
 ----------
 ``tools/static`` is added to the HTML static path, and ``kltutorial.js`` /
 ``kltutorial.css`` to every page: the sidebar buttons that the themes leave
-unbound (see the script's header) and the book's own layout rules.
+unbound, wide content that scrolls with a visible cue, figures that open at
+full size (see the script's header), and the book's own layout rules.
+
+Numbers written as ``{eval}``
+-----------------------------
+The ``eval`` role is replaced by one that needs no kernel: in a notebook, it
+evaluates its expression over the values glued in that notebook (the outputs
+nbval verifies) and shows the result as text, as jupyterlab-myst shows the same
+expression evaluated in the reader's kernel (``tools/myst_eval.py`` explains
+the scheme). When a notebook is read, every ``{eval}`` in it is checked, and
+its stored ``user_expressions`` compared with the glued values; a problem is a
+warning, so the strict build (``-W``) fails on it.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
+from docutils import nodes
 from sphinx.application import Sphinx
+from sphinx.util import logging
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import myst_eval  # noqa: E402  (tools/, next to this file)
+
+logger = logging.getLogger(__name__)
 
 
 def _script_key(script: Any) -> tuple:
@@ -65,7 +84,39 @@ def add_static_path(app: Sphinx) -> None:
     app.config.html_static_path.append(str(STATIC))
 
 
+def eval_role(name: str, rawtext: str, text: str, lineno: int, inliner: Any,
+              options: dict | None = None, content: list | None = None) -> tuple[list, list]:
+    """``{eval}`expr` ``: ``expr`` evaluated over the page's glued values, shown as text."""
+    document = inliner.document
+    renderer = document.get("nb_renderer") if hasattr(document, "get") else None
+    try:
+        if renderer is None:
+            raise myst_eval.EvalError(f"{{eval}}`{text}` outside a notebook: there are no glued values")
+        values = myst_eval.glue_data_values(renderer.renderer.nb_client.glue_data)
+        shown = myst_eval.shown_text(myst_eval.evaluate(text, values))
+    except myst_eval.EvalError as exc:
+        message = inliner.reporter.warning(str(exc), line=lineno)
+        problem = inliner.problematic(rawtext, rawtext, message)
+        return [problem], [message]
+    return [nodes.inline(shown, shown, classes=["pasted-text", "kl-eval"])], []
+
+
+def check_evals(app: Sphinx, doctree: nodes.document) -> None:
+    """Warn about every ``{eval}`` of a notebook page that the book and JupyterLab would show differently."""
+    source = Path(app.env.doc2path(app.env.docname))
+    if source.suffix != ".ipynb":
+        return
+    import nbformat
+
+    notebook = nbformat.read(source, as_version=4)
+    for problem in myst_eval.problems(notebook):
+        logger.warning(problem, location=app.env.docname, type="kltutorial", subtype="eval")
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
+    app.setup_extension("myst_nb")  # its own eval role first, so that ours replaces it
+    app.add_role("eval", eval_role, override=True)
+    app.connect("doctree-read", check_evals)
     app.connect("html-page-context", dedupe_scripts, priority=900)
     app.connect("builder-inited", add_static_path)
     app.add_js_file("kltutorial.js", loading_method="defer")

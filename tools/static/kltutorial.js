@@ -7,8 +7,31 @@
  * below 992 px the contents cannot be opened, and on a desktop ☰ does not collapse the sidebar
  * (pydata-sphinx-theme #2451, sphinx-book-theme #988). Each visible copy forwards its click to the
  * first (bound) button, which then does what the themes intended at that width.
+ *
+ * Wide content. Code blocks, tables and display equations wider than the text column scroll inside
+ * their own box (the themes already set `overflow: auto` on them), but phones and macOS draw no
+ * scrollbar until one scrolls, so the cut-off columns gave no sign of being there. Every such box
+ * that overflows gets the class `kl-scroll-x`, plus `kl-more-right` / `kl-more-left` while content is
+ * hidden on that side: kltutorial.css fades that edge and keeps a thin scrollbar visible. The box is
+ * also made focusable (tabindex 0), so a keyboard can scroll it. Boxes are re-measured when their
+ * size changes, when they scroll, and when MathJax adds its formulas.
+ *
+ * Figures. Each image of the article (figures and cell outputs) becomes a link to its own file,
+ * so a click, or Enter on the focused link, opens the image at full size.
+ *
+ * Search from disk. Sphinx's search page fetches every result page to show a summary under it; a
+ * book opened from disk (file:) may not fetch (the browser blocks it), so each result logged an
+ * error and showed no summary. There the summaries are switched off: the results are listed as
+ * they were, without the failing requests.
  */
 (function () {
+  "use strict";
+
+  // documentation_options.js declares it with `const`: a global binding, not a property of window.
+  if (window.location.protocol === "file:" && typeof DOCUMENTATION_OPTIONS === "object") {
+    DOCUMENTATION_OPTIONS.SHOW_SEARCH_SUMMARY = false; // eslint-disable-line no-undef
+  }
+
   function forwardToggleClicks(selector) {
     const buttons = document.querySelectorAll(selector);
     if (buttons.length < 2) return;
@@ -22,10 +45,80 @@
       });
     });
   }
+
+  // Boxes that scroll sideways when their content is wider than the column.
+  const SCROLL_BOXES = [
+    "pre",
+    ".pst-scrollable-table-container",
+    ".table-wrapper",
+    "div.math mjx-container",
+    "span.math",
+    "mjx-container[display='true']",
+    ".cell_output .output",
+  ].join(", ");
+
+  function markScrollBox(box) {
+    const hidden = box.scrollWidth - box.clientWidth;
+    const overflows = hidden > 1;
+    box.classList.toggle("kl-scroll-x", overflows);
+    box.classList.toggle("kl-more-left", overflows && box.scrollLeft > 1);
+    box.classList.toggle("kl-more-right", overflows && box.scrollLeft < hidden - 1);
+    if (overflows && !box.hasAttribute("tabindex")) {
+      box.setAttribute("tabindex", "0");
+      box.dataset.klFocusable = "";
+    } else if (!overflows && "klFocusable" in box.dataset) {
+      box.removeAttribute("tabindex");
+      delete box.dataset.klFocusable;
+    }
+  }
+
+  const watched = new WeakSet();
+  const resizes = "ResizeObserver" in window
+    ? new ResizeObserver((entries) => entries.forEach((entry) => markScrollBox(entry.target)))
+    : null;
+
+  function watchScrollBoxes(root) {
+    for (const box of root.querySelectorAll(SCROLL_BOXES)) {
+      if (watched.has(box)) continue;
+      watched.add(box);
+      box.addEventListener("scroll", () => markScrollBox(box), { passive: true });
+      if (resizes) resizes.observe(box);
+      markScrollBox(box);
+    }
+  }
+
+  function linkImages(root) {
+    for (const img of root.querySelectorAll("figure img, .cell_output img")) {
+      const src = img.getAttribute("src");
+      if (!src || img.closest("a[href]")) continue;
+      const link = document.createElement("a");
+      link.href = src;
+      link.className = "kl-image-link";
+      link.title = "Open the image at full size";
+      img.replaceWith(link);
+      link.appendChild(img);
+    }
+  }
+
   function init() {
     forwardToggleClicks(".primary-toggle");
     forwardToggleClicks(".secondary-toggle");
+    const article = document.querySelector("main") || document.body;
+    linkImages(article);
+    watchScrollBoxes(article);
+    // MathJax typesets after this script has run: watch for the boxes it adds.
+    let pending = false;
+    new MutationObserver(() => {
+      if (pending) return;
+      pending = true;
+      requestAnimationFrame(() => {
+        pending = false;
+        watchScrollBoxes(article);
+      });
+    }).observe(article, { childList: true, subtree: true });
+    if (!resizes) window.addEventListener("resize", () => article.querySelectorAll(".kl-scroll-x, " + SCROLL_BOXES).forEach(markScrollBox));
   }
+
   if (document.readyState === "loading") {
     document.addEventListener("DOMContentLoaded", init);
   } else {

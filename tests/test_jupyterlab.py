@@ -1,0 +1,209 @@
+"""A reader's JupyterLab: ``make lab``'s JupyterLab renders the notebooks' MyST and runs them.
+
+Starts ``jupyter lab`` from the venv on 127.0.0.1 (a free port, a random token, no browser of its
+own, its settings and workspaces in a temporary folder) on a copy of the fixture notebook
+``tests/fixtures/myst_lab.ipynb``, opens it in headless Chromium through Playwright, and checks:
+
+* on opening, before anything runs, jupyterlab-myst has rendered the Markdown: a ``{math}`` role
+  and ``$...$`` as KaTeX, a ``{note}`` admonition as a styled box, and the numbers written with
+  ``{eval}`` shown from the stored ``user_expressions`` (tools/myst_eval.py);
+* ``notebook:run-all-cells`` (through ``window.jupyterapp``, exposed by ``--expose-app-in-browser``)
+  runs every code cell without an error or stderr output, the kernel goes idle, and the numbers
+  are still there, now evaluated in the kernel;
+* nothing is fetched from outside 127.0.0.1.
+
+A screenshot goes to ``screenshots/jupyterlab/`` next to the built book's HTML folder (see
+tests/test_book_html.py). The server is stopped at the end by killing its process group.
+
+Marked ``book``, so it runs in ``make html-check`` (the unit-test run deselects it). Without
+Chromium or jupyterlab-myst it skips locally and fails when ``CI`` is set.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, sync_playwright
+from test_book_html import CHROMIUM_FLAGS, SCREENSHOT_DIR, _find_chromium, _unavailable
+
+pytestmark = pytest.mark.book
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "myst_lab.ipynb"
+FIXTURE_SENTENCE = "The mean of the 4 log-ratios is 2.00 nats, and a quarter of it is 50.0% of a nat."
+SERVER_TIMEOUT_S = 30
+LAB_TIMEOUT_MS = 45_000
+RUN_TIMEOUT_MS = 30_000
+# The book check's flags, with 127.0.0.1 (the server) exempt from "no host resolves".
+LAB_FLAGS = [f"{flag}, EXCLUDE 127.0.0.1" if flag.startswith("--host-resolver-rules=") else flag
+             for flag in CHROMIUM_FLAGS]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A running JupyterLab on a copy of the fixture; yields its base URL with the token."""
+    if find_spec("jupyterlab_myst") is None:
+        _unavailable("jupyterlab-myst is not installed (pip install -r requirements.txt)")
+    root = tmp_path_factory.mktemp("lab")
+    notebooks, home = root / "notebooks", root / "home"
+    notebooks.mkdir()
+    home.mkdir()
+    shutil.copy(FIXTURE, notebooks / FIXTURE.name)
+    port, token = _free_port(), secrets.token_hex(16)
+    env = dict(os.environ, JUPYTER_PLATFORM_DIRS="1", JUPYTER_CONFIG_DIR=str(home / "config"),
+               JUPYTER_RUNTIME_DIR=str(home / "runtime"), PYDEVD_DISABLE_FILE_VALIDATION="1")
+    command = [
+        str(Path(sys.executable).with_name("jupyter")), "lab", "--no-browser",
+        "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={notebooks}",
+        "--expose-app-in-browser",
+        f"--LabApp.user_settings_dir={home / 'settings'}", f"--LabApp.workspaces_dir={home / 'workspaces'}",
+        # Nothing from the internet: no news feed, no update check.
+        "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
+    if os.geteuid() == 0:
+        command.append("--allow-root")
+    log = (root / "lab.log").open("w")
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root,
+                              start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_TIMEOUT_S
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"jupyter lab did not start: {(root / 'lab.log').read_text()[-2000:]}")
+                time.sleep(0.2)
+        yield f"{base}/lab/tree/{FIXTURE.name}?token={token}"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server and its kernels
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+
+
+# The open notebook, as the reader sees it: rendered Markdown per cell, outputs per code cell.
+NOTEBOOK_STATE = r"""
+() => {
+  const panel = window.jupyterapp.shell.currentWidget;
+  const cells = panel.content.widgets;
+  const markdown = cells.filter(c => c.model.type === 'markdown').map(c => {
+    const rendered = c.node.querySelector('.jp-MarkdownOutput, .jp-Cell-inputArea > .myst');
+    return {
+      text: rendered ? rendered.innerText.replace(/\s+/g, ' ').trim() : '',
+      katex: rendered ? rendered.querySelectorAll('.katex').length : 0,
+      admonitions: rendered ? [...rendered.querySelectorAll('aside, .admonition, [class*="admonition"]')]
+        .map(a => (a.textContent || '').replace(/\s+/g, ' ').trim()).filter(Boolean) : [],
+    };
+  });
+  const code = cells.filter(c => c.model.type === 'code').map(c => ({
+    executionCount: c.model.executionCount,
+    outputs: c.model.outputs.toJSON().map(o => ({type: o.output_type, name: o.name || null,
+      text: (o.text || o.evalue || '').toString().slice(0, 200)})),
+    errorNodes: c.node.querySelectorAll(
+      '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"],'
+      + ' .jp-OutputArea-output[data-mime-type="application/vnd.jupyter.error"]').length,
+  }));
+  const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
+  return {markdown, code, kernel: kernel ? kernel.status : null};
+}
+"""
+
+
+def _state(page: Page) -> dict:
+    return page.evaluate(NOTEBOOK_STATE)
+
+
+def test_jupyterlab_renders_myst_and_runs_the_notebook(lab: str) -> None:
+    executable = _find_chromium()
+    if executable is None:
+        _unavailable("Chromium not found (apt-get install chromium, or set $CHROMIUM)")
+    started = time.monotonic()
+    remote: list[str] = []
+    crashes: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, headless=True,
+                                             args=LAB_FLAGS)
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 900})
+            context.on("request", lambda r: None if r.url.startswith(
+                ("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:")) else remote.append(r.url))
+            page = context.new_page()
+            page.on("pageerror", lambda exc: crashes.append(str(exc)))
+            page.goto(lab, wait_until="load", timeout=LAB_TIMEOUT_MS)
+            # The notebook is open, its kernel started, its Markdown rendered by jupyterlab-myst.
+            page.wait_for_function(
+                "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+                " return Boolean(w && w.content && w.sessionContext && w.sessionContext.session"
+                " && w.sessionContext.session.kernel && w.sessionContext.session.kernel.status === 'idle'"
+                " && w.node.querySelector('.jp-MarkdownCell .myst .katex')); }",
+                timeout=LAB_TIMEOUT_MS)
+            opened = _state(page)
+
+            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            page.wait_for_function(
+                "() => { const w = window.jupyterapp.shell.currentWidget;"
+                " const code = w.content.widgets.filter(c => c.model.type === 'code');"
+                " return code.every(c => c.model.executionCount !== null)"
+                "   && w.sessionContext.session.kernel.status === 'idle'; }",
+                timeout=RUN_TIMEOUT_MS)
+            # jupyterlab-myst asks the kernel for the {eval} expressions after the cells ran.
+            page.wait_for_function(
+                f"() => document.body.innerText.replace(/\\s+/g, ' ').includes({FIXTURE_SENTENCE!r})",
+                timeout=RUN_TIMEOUT_MS)
+            page.wait_for_function(
+                "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'",
+                timeout=RUN_TIMEOUT_MS)
+            ran = _state(page)
+            shot = SCREENSHOT_DIR / "jupyterlab" / FIXTURE.with_suffix(".jpg").name
+            shot.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=shot, type="jpeg", quality=70)
+        finally:
+            browser.close()
+    elapsed = time.monotonic() - started
+
+    title, numbers = opened["markdown"][0], opened["markdown"][1]
+    assert title["katex"] >= 2, f"the {{math}} role and $...$ were not rendered as KaTeX: {title}"
+    assert "{math}" not in title["text"] and "$" not in title["text"], f"raw MyST left: {title['text']}"
+    assert any("Note" in a and "styled box" in a for a in title["admonitions"]), (
+        f"the {{note}} admonition is not a box: {title}")
+    assert "```" not in title["text"] and "{note}" not in title["text"], title["text"]
+    assert FIXTURE_SENTENCE in numbers["text"], (
+        f"on opening, the stored {{eval}} results are not shown: {numbers['text']!r}")
+
+    problems = [f"cell {i}: {o}" for i, cell in enumerate(ran["code"]) for o in cell["outputs"]
+                if o["type"] == "error" or o["name"] == "stderr"]
+    problems += [f"cell {i}: {cell['errorNodes']} error/stderr output areas"
+                 for i, cell in enumerate(ran["code"]) if cell["errorNodes"]]
+    assert not problems, "running the notebook in JupyterLab failed:\n" + "\n".join(problems)
+    assert all(c["executionCount"] for c in ran["code"]), ran["code"]
+    assert ran["code"][0]["outputs"][-1]["text"].startswith("mean of 4 log-ratios: 2.00 nats"), ran["code"]
+    assert FIXTURE_SENTENCE in ran["markdown"][1]["text"], ran["markdown"][1]
+    assert ran["kernel"] == "idle"
+    assert not remote, f"JupyterLab fetched from outside 127.0.0.1: {remote[:5]}"
+    assert not crashes, f"uncaught exceptions in JupyterLab: {crashes[:3]}"
+    print(f"JupyterLab opened, rendered and ran {FIXTURE.name} in {elapsed:.1f} s")
