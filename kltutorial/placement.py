@@ -417,7 +417,7 @@ def grpo_style_loss(
 
 
 def compare_gradients(g: torch.Tensor, h: torch.Tensor) -> GradientAgreement:
-    """How close the gradient ``g`` is to the target ``h``: max |g - h|, cosine, norm ratio.
+    """How close the gradient ``g`` is to the target ``h``: ``max |g - h|``, cosine, norm ratio.
 
     Examples
     --------
