@@ -248,8 +248,8 @@ class SweepSummary:
 
     @property
     def beats_ref(self) -> np.ndarray:
-        """Mask, shape (K,): where :math:`\\pi^*_\\beta` has more gold reward than
-        :math:`\\pi_\\mathrm{ref}`."""
+        """True where :math:`\\pi^*_\\beta` has more gold reward than :math:`\\pi_\\mathrm{ref}`
+        (boolean array, shape (K,))."""
         return self.gold > self.ref_gold
 
     def beta_window(self) -> tuple[float, float]:
