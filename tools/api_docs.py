@@ -17,14 +17,14 @@ A dataclass field (``:attr:`GaoFit.d```) has no entry of its own: the class docs
 *Attributes* section is rendered as a list, like *Parameters* (``napoleon_custom_sections`` in
 ``_config.yml``), so such a reference links to the class, where the list describes the field.
 
-Doc comments of constants
--------------------------
-napoleon reads the first line of a data docstring as ``type: description`` (the Google style), so
-``#: Every method a case may name: log-probs, ...`` above a constant would render "Every method a
-case may name" as its *type*, and under ``-n`` warn that no such class exists. The package's doc
-comments are plain reST; for module-level data this extension gives autodoc the docstring as
-written, before and after napoleon (functions, classes and their attributes go through napoleon as
-usual).
+Docstrings of constants, attributes and properties
+--------------------------------------------------
+napoleon reads the first line of the docstring of a constant, an attribute or a property as
+``type: description`` (the Google style). ``#: Every method a case may name: log-probs, ...`` above
+a constant, or a property whose docstring starts ``Mask, shape (K,): where ...``, would show the
+words before the colon as its *type*, and under ``-n`` warn that no class of that name exists. The
+package writes these short docstrings as plain reST; this extension gives autodoc them as written,
+before and after napoleon (functions, classes and modules go through napoleon as usual).
 """
 
 from __future__ import annotations
@@ -114,24 +114,25 @@ def resolve_reexport(app: Sphinx, env: BuildEnvironment, node: nodes.Element,
     return None
 
 
-_RAW_DATA_DOCS: dict[str, list[str]] = {}
+_AS_WRITTEN = ("data", "attribute", "property")
+_RAW_DOCS: dict[tuple[str, str], list[str]] = {}
 
 
-def _keep_data_doc(app: Sphinx, what: str, name: str, obj: Any, options: Any,
-                   lines: list[str]) -> None:
-    if what == "data":
-        _RAW_DATA_DOCS[name] = list(lines)
+def _keep_raw_doc(app: Sphinx, what: str, name: str, obj: Any, options: Any,
+                  lines: list[str]) -> None:
+    if what in _AS_WRITTEN:
+        _RAW_DOCS[what, name] = list(lines)
 
 
-def _restore_data_doc(app: Sphinx, what: str, name: str, obj: Any, options: Any,
-                      lines: list[str]) -> None:
-    if what == "data" and name in _RAW_DATA_DOCS:
-        lines[:] = _RAW_DATA_DOCS.pop(name)
+def _restore_raw_doc(app: Sphinx, what: str, name: str, obj: Any, options: Any,
+                     lines: list[str]) -> None:
+    if (what, name) in _RAW_DOCS:
+        lines[:] = _RAW_DOCS.pop((what, name))
 
 
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("missing-reference", resolve_reexport)
     # napoleon handles autodoc-process-docstring at the default priority, 500.
-    app.connect("autodoc-process-docstring", _keep_data_doc, priority=400)
-    app.connect("autodoc-process-docstring", _restore_data_doc, priority=600)
+    app.connect("autodoc-process-docstring", _keep_raw_doc, priority=400)
+    app.connect("autodoc-process-docstring", _restore_raw_doc, priority=600)
     return {"parallel_read_safe": True, "parallel_write_safe": True, "version": "1.0"}
