@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.layout_engine import ConstrainedLayoutEngine
+from matplotlib.transforms import blended_transform_factory
 
 from ..control_study import StepMetrics, StepResponse
 from .style import (
@@ -156,16 +157,21 @@ def plot_gain_sweep(
     ax_s.set_ylim(0, 100)
     ax_s.set_ylabel("late steps within 10 % (%)")
     ax_s.set_title("on target, with noise")
-    lines = [(critical, "--", f"critical gain (linearised) {critical:.4f}")]
-    lines += [(g, ":", name) for name, g in (marks or {}).items()]
     for ax in (ax_o, ax_t, ax_s):
         ax.set_xscale("log")
         ax.set_xlabel("gain n / H")
-        for j, (g, ls, label) in enumerate(lines):
-            ax.axvline(g, color=REFERENCE_COLOR, linestyle=ls, linewidth=1.0,
-                       alpha=1.0 if j == 0 else 0.7, label=label if ax is ax_o else None)
+        ax.axvline(critical, color=REFERENCE_COLOR, linestyle="--", linewidth=1.0,
+                   label=f"critical gain of the linearised loop ({critical:.4f})" if ax is ax_o else None)
+        for j, g in enumerate((marks or {}).values()):
+            ax.axvline(g, color=REFERENCE_COLOR, linestyle=":", linewidth=1.0, alpha=0.8,
+                       label="marked gains (named in the left panel)" if ax is ax_o and j == 0 else None)
+    # Each marked gain is named next to its line, at the top of the overshoot panel.
+    top = blended_transform_factory(ax_o.transData, ax_o.transAxes)
+    for name, g in (marks or {}).items():
+        ax_o.text(g, 0.97, f" {name}", transform=top, rotation=90, va="top", ha="right", fontsize=7,
+                  color=REFERENCE_COLOR)
     handles, labels = ax_o.get_legend_handles_labels()
-    ax_o.figure.legend(handles, labels, loc=_below(ax_o), ncol=min(3, len(labels)), fontsize=8)
+    ax_o.figure.legend(handles, labels, loc=_below(ax_o), ncol=2, fontsize=8)
     return np.array([ax_o, ax_t, ax_s], dtype=object)
 
 
