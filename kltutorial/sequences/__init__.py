@@ -32,14 +32,34 @@ The formulas, each in its function's docstring:
 4. best-of-n sampling, exactly, and the formula :math:`\log n - (n-1)/n` for its KL, which is an upper
    bound on a finite space (Stiennon et al. 2020; :func:`best_of_n_logprobs`, :func:`best_of_n_kl_bound`).
 
-Two modules: ``space`` (the listed sequences, tables and distributions, KL, sampling: items 1 and 2) and
-``optimum`` (:math:`\pi^*_\beta`, its frontier, best-of-n: items 3 and 4); import both from here.
+Four modules, all imported from here: ``space`` (the listed sequences, tables and distributions, KL,
+sampling: items 1 and 2), ``optimum`` (:math:`\pi^*_\beta`, its frontier, best-of-n: items 3 and 4),
+``estimates`` (Monte Carlo estimates of the sequence KL against the exact value, section 3) and
+``penalised`` (the penalised objective, its optimum value, the frontier's slope, perturbation checks and
+the exact policy gradient, section 5).
 
 Shapes: V vocabulary, T positions, V**T sequences, P = 1 + V + ... + V**(T-1) prefixes (the rows of a
 next-token table), N samples, K values of β.
 """
 
+from .estimates import (
+    MonteCarloConvergence,
+    estimator_moments,
+    exact_mean_and_std,
+    monte_carlo_convergence,
+    rao_blackwell_kl,
+    sampled_token_kl,
+)
 from .optimum import Frontier, best_of_n_kl_bound, best_of_n_logprobs, optimal_frontier, optimal_policy
+from .penalised import (
+    PerturbationCheck,
+    beta_for_budget,
+    frontier_slope,
+    optimal_value,
+    penalised_objective,
+    perturbation_check,
+    policy_gradient,
+)
 from .space import (
     MAX_SEQUENCES,
     SequenceSpace,
@@ -69,4 +89,17 @@ __all__ = [
     "best_of_n_kl_bound",
     "sample_sequences",
     "sample_autoregressive",
+    "estimator_moments",
+    "exact_mean_and_std",
+    "sampled_token_kl",
+    "rao_blackwell_kl",
+    "MonteCarloConvergence",
+    "monte_carlo_convergence",
+    "penalised_objective",
+    "optimal_value",
+    "frontier_slope",
+    "beta_for_budget",
+    "PerturbationCheck",
+    "perturbation_check",
+    "policy_gradient",
 ]
