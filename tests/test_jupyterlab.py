@@ -31,6 +31,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -138,11 +139,8 @@ def _state(page: Page) -> dict:
     return page.evaluate(NOTEBOOK_STATE)
 
 
-def test_jupyterlab_renders_myst_and_runs_the_notebook(lab: str) -> None:
-    executable = _find_chromium()
-    if executable is None:
-        _unavailable("Chromium not found (apt-get install chromium, or set $CHROMIUM)")
-    started = time.monotonic()
+def _read_in_jupyterlab(lab: str, executable: str) -> tuple[dict, dict, list[str], list[str]]:
+    """Open the notebook, record what it shows, run every cell, record it again."""
     remote: list[str] = []
     crashes: list[str] = []
     with sync_playwright() as playwright:
@@ -184,6 +182,18 @@ def test_jupyterlab_renders_myst_and_runs_the_notebook(lab: str) -> None:
             page.screenshot(path=shot, type="jpeg", quality=70)
         finally:
             browser.close()
+    return opened, ran, remote, crashes
+
+
+def test_jupyterlab_renders_myst_and_runs_the_notebook(lab: str) -> None:
+    executable = _find_chromium()
+    if executable is None:
+        _unavailable("Chromium not found (apt-get install chromium, or set $CHROMIUM)")
+    started = time.monotonic()
+    # In a thread of its own: the sync API cannot start while another sync_playwright (the book
+    # check's session browser) runs in this thread.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        opened, ran, remote, crashes = pool.submit(_read_in_jupyterlab, lab, executable).result()
     elapsed = time.monotonic() - started
 
     title, numbers = opened["markdown"][0], opened["markdown"][1]

@@ -57,8 +57,18 @@
     ".cell_output .output",
   ].join(", ");
 
+  // How much of the box's content is out of sight. A formula is measured by what MathJax drew
+  // (mjx-math): its scrollWidth also counts the invisible MathML copy that MathJax positions
+  // absolutely for screen readers, which is wider than the drawing (a lone β "overflowed" by
+  // 3 px, y = (y_1, ..., y_T) by 20 px, and faded for nothing).
+  function hiddenWidth(box) {
+    const math = box.matches("span.math, mjx-container") ? box.querySelector("mjx-math") : null;
+    if (math) return Math.ceil(math.getBoundingClientRect().width) - box.clientWidth;
+    return box.scrollWidth - box.clientWidth;
+  }
+
   function markScrollBox(box) {
-    const hidden = box.scrollWidth - box.clientWidth;
+    const hidden = hiddenWidth(box);
     const overflows = hidden > 1;
     box.classList.toggle("kl-scroll-x", overflows);
     box.classList.toggle("kl-more-left", overflows && box.scrollLeft > 1);
