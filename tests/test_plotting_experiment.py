@@ -125,3 +125,46 @@ def test_toy_token_kl():
     np.testing.assert_array_equal(panels[0].lines[0].get_xdata(), np.arange(1, T + 1))
     assert "nats" in panels[0].get_ylabel()
     assert plotting.plot_toy_token_kl(exact).shape == (1,)
+
+
+def test_training_paths():
+    front = Frontier(betas=np.array([2.0, 1.0, 0.5]), kl=np.array([1.2, 0.1, 0.4]),
+                     proxy=np.array([1.0, 0.2, 0.6]), gold=np.array([0.4, 0.3, 0.5]))
+    runs = {0.5: _run(0.5), 0.1: _run(0.1, steps=8)}
+    axes = plotting.experiment.plot_training_paths(runs, front)
+    assert axes.shape == (2,)
+    for ax, key in zip(axes, ("proxy", "gold"), strict=True):
+        frontier_line, path, last, path2, last2 = ax.lines
+        np.testing.assert_allclose(frontier_line.get_xdata(), [0.1, 0.4, 1.2])  # sorted by KL
+        np.testing.assert_allclose(frontier_line.get_ydata(), getattr(front, key)[[1, 2, 0]])
+        np.testing.assert_array_equal(path.get_ydata(), getattr(runs[0.5], key))  # every step
+        assert last.get_xdata()[0] == runs[0.5].kl[-1] and last2.get_ydata()[0] == getattr(runs[0.1], key)[-1]
+        assert "nats" in ax.get_xlabel() and key in ax.get_ylabel()
+    (legend,) = axes[0].figure.legends
+    assert [t.get_text() for t in legend.get_texts()][1:] == ["β = 0.5: path", "β = 0.1: path"]
+    with pytest.raises(TypeError, match="runs"):
+        plotting.experiment.plot_training_paths({}, front)
+
+
+def test_gao_fits():
+    from kltutorial.scaling_fit import fit_gao, gao_gain
+
+    kl = np.linspace(0.0, 4.0, 9)
+    gain = gao_gain(kl, 3.0, 1.0, "bon")
+    fits = [fit_gao(kl, gain, "bon"), fit_gao(kl, gain, "rl")]
+    (ax,) = plotting.experiment.plot_gao_fits({"best-of-n": fits})
+    points, exact_fit, other_fit = ax.lines[:3]
+    np.testing.assert_allclose(points.get_xdata(), np.sqrt(kl))
+    np.testing.assert_allclose(points.get_ydata(), gain)
+    # The exact form's fit goes through the points; the curve is R(d) on a grid of d.
+    d = exact_fit.get_xdata()
+    np.testing.assert_allclose(exact_fit.get_ydata(), d * (3.0 - d), atol=1e-9)
+    assert other_fit.get_linestyle() == "--" and exact_fit.get_linestyle() == "-"
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[1].startswith("d(α − β d)") and "R² = 1.00" in labels[1]
+    assert labels[2].startswith("d(α − β log d)")
+    assert ax.get_title() == "best-of-n" and "√KL" in ax.get_xlabel()
+    with pytest.raises(TypeError, match="panels"):
+        plotting.experiment.plot_gao_fits({})
+    with pytest.raises(ValueError, match="at least one GaoFit"):
+        plotting.experiment.plot_gao_fits({"empty": []})

@@ -6,10 +6,14 @@
 * :func:`plot_data_sweep`: the gold reward of the proxy's optimum for more and more preference data;
 * :func:`plot_toy_controllers`: fixed against adaptive β in real training (the layout of
   :func:`~.controllers.plot_control_panels`, shared with section 10);
-* :func:`plot_toy_token_kl`: measured per-token KL of trained policies, beside section 10's patterns.
+* :func:`plot_toy_token_kl`: measured per-token KL of trained policies, beside section 10's patterns;
+* :func:`plot_training_paths`: proxy and gold reward against KL at every step of runs at several β, on
+  the exact frontier;
+* :func:`plot_gao_fits`: Gao et al.'s functional forms fitted to the exact curves
+  (:mod:`kltutorial.scaling_fit`).
 
-They take plain arrays or objects with array attributes (``Frontier``, ``TrainResult``), never a task
-or a model.
+They take plain arrays or objects with array attributes (``Frontier``, ``TrainResult``, ``GaoFit``), never
+a task or a model.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ __all__ = [
     "plot_data_sweep",
     "plot_toy_controllers",
     "plot_toy_token_kl",
+    "plot_training_paths",
+    "plot_gao_fits",
 ]
 
 
@@ -338,4 +344,110 @@ def plot_toy_token_kl(
         ax2.legend(loc="upper center", fontsize=8.5)
     if title:
         ax.figure.suptitle(title)
+    return flat
+
+
+def plot_training_paths(
+    runs: Mapping[float, Any],
+    frontier: Any,
+    *,
+    axes: Any = None,
+    title: str | None = None,
+) -> np.ndarray:
+    """Proxy (left) and gold (right) reward against KL at every training step, one path per β (§11).
+
+    Each run is drawn as the line of its exact (KL, reward) from step to step, its last step marked;
+    the exact frontier of :math:`\\pi^*_\\beta` is the grey line. The paths show whether runs at
+    different β climb one curve (the penalty then acts like a stopping point on it) and where each one
+    settles.
+
+    Parameters
+    ----------
+    runs : dict β -> TrainResult
+        Each with ``kl``, ``proxy``, ``gold`` of shape (n,): exact values at every step (fixed-β runs).
+    frontier : ToyFrontier
+        ``kl``, ``proxy``, ``gold`` of shape (K,), from :func:`kltutorial.toyrlhf.exact_frontier`.
+    axes : 2 Axes, optional
+    title : str, optional
+
+    Returns
+    -------
+    ndarray of Axes, shape (2,)
+    """
+    if not isinstance(runs, Mapping) or len(runs) == 0:
+        raise TypeError("runs: expected a non-empty dict beta -> TrainResult")
+    betas = np.array([float(b) for b in runs], dtype=float)
+    styles = beta_styles(betas)
+    order = np.argsort(frontier.kl)
+    flat = new_axes_grid(axes, 1, 2, figsize=fig_size(4.3), sharex=True)
+    for ax, key in zip(flat, ("proxy", "gold"), strict=True):
+        ax.plot(frontier.kl[order], getattr(frontier, key)[order], color=REFERENCE_COLOR, linewidth=3.0,
+                alpha=0.45, label="exact optimum π*_β (frontier)")
+        for (beta, run), st in zip(runs.items(), styles, strict=True):
+            kl, values = np.asarray(run.kl, dtype=float), np.asarray(getattr(run, key), dtype=float)
+            ax.plot(kl, values, color=st["color"], linestyle=st["linestyle"], linewidth=1.2,
+                    label=f"β = {float(beta):g}: path")
+            ax.plot(kl[-1], values[-1], color=st["color"], marker=st["marker"], markersize=8,
+                    markeredgecolor="black", markeredgewidth=0.6, linestyle="none")
+        ax.set_xlabel("KL(π_θ ‖ π_ref) (nats)")
+        ax.set_ylabel(f"expected {key} reward (reward units)")
+        ax.set_title(f"{key} reward at every step (markers: last step)")
+    flat[0].set_title("proxy reward at every step")
+    _legend_below(flat[0], ncol=4)
+    if title:
+        flat[0].figure.suptitle(title)
+    return flat
+
+
+_FORM_NAMES = {"bon": "d(α − β d)", "rl": "d(α − β log d)"}
+
+
+def plot_gao_fits(
+    panels: Mapping[str, Sequence[Any]],
+    *,
+    axes: Any = None,
+    title: str | None = None,
+) -> np.ndarray:
+    """Gao et al.'s functional forms fitted to exact curves (§11): gain against :math:`d = \\sqrt{KL}`.
+
+    One panel per curve: its points (the gold reward gained over the initial policy) as dots, and each
+    fit's :math:`R(d)` as a line (the first fit solid, the others dashed), labelled with its coefficients
+    and :math:`R^2`. A dotted vertical line marks d = 1, where :math:`\\log d` changes sign.
+
+    Parameters
+    ----------
+    panels : dict title -> sequence of GaoFit
+        The fits of one panel share their points (:attr:`GaoFit.d`, :attr:`GaoFit.gain`), e.g. the
+        best-of-n curve fitted with both forms.
+    axes : Axes, one per panel, optional
+    title : str, optional
+
+    Returns
+    -------
+    ndarray of Axes, shape (len(panels),)
+    """
+    if not isinstance(panels, Mapping) or len(panels) == 0:
+        raise TypeError("panels: expected a non-empty dict title -> sequence of GaoFit")
+    flat = new_axes_grid(axes, 1, len(panels), figsize=fig_size(4.4), sharey=True)
+    for ax, (name, fits) in zip(flat, panels.items(), strict=True):
+        fits = list(fits)
+        if not fits:
+            raise ValueError(f"panels[{name!r}]: expected at least one GaoFit")
+        first = fits[0]
+        grid = np.linspace(0.0, float(first.d.max()), 200)
+        ax.plot(first.d, first.gain, color="black", marker=".", markersize=5, linestyle="none",
+                label="exact", zorder=3)
+        for i, fit in enumerate(fits):
+            ax.plot(grid, fit.predict(grid**2), color=PALETTE[i % len(PALETTE)],
+                    linestyle="-" if i == 0 else "--",
+                    label=f"{_FORM_NAMES[fit.form]}\nα = {fit.alpha:.2f}, β = {fit.beta:.2f}, "
+                          f"R² = {fit.r2:.2f}")
+        ax.axvline(1.0, color=ZONE_COLOR, linestyle=":", linewidth=1.0)
+        ax.axhline(0.0, color=ZONE_COLOR, linewidth=0.8)
+        ax.set_xlabel("d = √KL (√nats)")
+        ax.set_title(name)
+        ax.legend(loc="lower left", fontsize=8.5)
+    flat[0].set_ylabel("gold reward gained over π_ref\n(reward units)")
+    if title:
+        flat[0].figure.suptitle(title)
     return flat

@@ -204,10 +204,15 @@ def best_of_n_logprobs(ref_logprobs: torch.Tensor, reward: torch.Tensor, n: int)
 
 
 def best_of_n_kl_bound(n: int | np.ndarray) -> float | np.ndarray:
-    """The best-of-n KL formula, :math:`\\log n - (n - 1)/n` nats.
+    """The best-of-n KL formula, :math:`\\log n - (n - 1)/n` nats: an upper bound on the KL of best-of-n.
 
-    Exact for a reward with a continuous distribution; on a finite space the same sequence (or the same
-    reward value) can be drawn twice, and the exact KL of :func:`best_of_n_logprobs` is below it.
+    Often quoted as the KL of best-of-n (Stiennon et al. 2020), it is exact only when the reward of a draw
+    from :math:`\\pi_\\mathrm{ref}` has a continuous distribution. For discrete outputs it is an upper
+    bound (Beirami et al. 2024, "Theoretical guarantees on the best-of-n alignment policy"), strict for
+    every n >= 2 even when no two outputs share a reward: each output has a positive probability, so it can
+    be drawn more than once among the n, and :math:`\\mathrm{KL}(\\pi_\\mathrm{bon} \\| \\pi_\\mathrm{ref})`
+    computed from the exact :func:`best_of_n_logprobs` lies below it (ties between outputs' rewards widen
+    the gap).
 
     Parameters
     ----------
