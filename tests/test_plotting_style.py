@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -11,7 +13,7 @@ import pytest
 from matplotlib.colors import to_rgb
 
 from kltutorial import plotting
-from kltutorial.plotting import controllers, dynamics, experiment, style
+from kltutorial.plotting import style
 
 
 @pytest.fixture(autouse=True)
@@ -26,13 +28,14 @@ def _lightness(color):
 
 
 def test_every_figure_function_is_reexported():
+    modules = [importlib.import_module(f"kltutorial.plotting.{info.name}")
+               for info in pkgutil.iter_modules(plotting.__path__)]
     assert len(plotting.__all__) == len(set(plotting.__all__))
     for name in plotting.__all__:
         assert hasattr(plotting, name), name
     for name in plotting.__all__:  # each name comes from one of the modules
-        assert any(getattr(m, name, None) is getattr(plotting, name)
-                   for m in (style, controllers, dynamics, experiment)), name
-    for module in (controllers, dynamics, experiment):  # every figure is reachable as plotting.plot_xxx
+        assert any(getattr(m, name, None) is getattr(plotting, name) for m in modules), name
+    for module in modules:  # every figure is reachable as plotting.plot_xxx
         for name in module.__all__:
             assert getattr(plotting, name) is getattr(module, name), (module.__name__, name)
         # every public plot function of a figure module is listed in its __all__
