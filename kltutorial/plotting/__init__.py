@@ -12,6 +12,7 @@ module             figures                                                      
 ``controllers``    controller dynamics; the 2 x 2 KL / β / reward / penalised layout               8, 10, 11
 ``dynamics``       reward vs KL per β, KL over steps, per-token KL patterns                        10
 ``experiment``     frontier, "!" histogram, data sweep, toy controllers, token KL                  11
+``interactive``    the β slider over π*_β (plotly, offline)                                        11
 ``diagnostics``    per-token KL heat maps, KL spike logs                                           12
 =================  ==============================================================================  ========
 
@@ -64,6 +65,11 @@ from .foundations import (
     plot_forward_reverse_fits,
     plot_grouped_bars,
     plot_reward_hacking,
+)
+from .interactive import (
+    OfflineHTML,
+    offline_html,
+    plot_optimum_slider,
 )
 from .objective import (
     plot_frontier_tangents,
@@ -130,6 +136,9 @@ __all__ = [
     "plot_toy_token_kl",
     "plot_training_paths",
     "plot_gao_fits",
+    "plot_optimum_slider",
+    "offline_html",
+    "OfflineHTML",
     "HEATMAP_CMAP",
     "plot_token_kl_heatmap",
     "plot_spike_log",
