@@ -488,8 +488,8 @@ class Reader:
             return False
 
 
-@pytest.fixture(scope="session")
-def browser() -> Iterator[Browser]:
+def launch_browser() -> Iterator[Browser]:
+    """Headless Debian Chromium through Playwright; the session's one browser (tests/conftest.py)."""
     executable = _find_chromium()
     if executable is None:
         _unavailable("Chromium not found (apt-get install chromium, or set $CHROMIUM)")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Request
-from test_book_html import HTML_DIR, LOCAL_SCHEMES, PAGE_TIMEOUT_MS, _unavailable, browser
+from test_book_html import HTML_DIR, LOCAL_SCHEMES, PAGE_TIMEOUT_MS, _unavailable
 
 pytestmark = pytest.mark.book
 
@@ -30,7 +30,6 @@ PLOT = "#fig-optimum-slider-plot"
 DESKTOP = {"width": 1400, "height": 900}
 PHONE = {"width": 390, "height": 844}
 
-__all__ = ["browser"]  # the session fixture of test_book_html, shared
 
 
 # What the plot shows: the bar heights of pi*_beta (trace 1), the two markers' positions (traces 4
