@@ -120,7 +120,9 @@ endef
 
 # ---------------------------------------------------------------------------
 # Re-execute every notebook in place, top to bottom in a fresh kernel, with book/
-# as the working directory (as nbval and the book build do).
+# as the working directory (as nbval and the book build do); then store the prose's {eval}
+# results in each Markdown cell's metadata, which JupyterLab shows before anything runs
+# (tools/myst_eval.py).
 notebooks: $(STAMP)
 	@test -n "$(NOTEBOOKS)" || { echo "error: no notebooks in book/" >&2; exit 1; }
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
@@ -128,6 +130,7 @@ notebooks: $(STAMP)
 		--ExecutePreprocessor.timeout=180 \
 		--ExecutePreprocessor.record_timing=False \
 		$(NOTEBOOKS)
+	$(BIN)/python tools/myst_eval.py $(NOTEBOOKS)
 
 # JupyterLab from the venv: its "python3" kernel is the venv's Python, and the
 # named kernel "kltutorial" points at the same interpreter. jupyterlab-myst (pinned in

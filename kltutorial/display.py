@@ -1,4 +1,4 @@
-"""Showing the package's own code in the book (all sections).
+"""Showing the package's own code, and the numbers of its prose, in the book (all sections).
 
 The notebooks never copy code into prose: they display the source of the function that runs, so that
 what a reader sees is what is executed and tested, and nbval notices when the two drift apart.
@@ -10,17 +10,24 @@ it through Sphinx as an ordinary code block, so the listing takes the theme's ow
 styles and copy button; JupyterLab renders the same markdown. (IPython's ``Code`` object embedded a fixed
 Pygments style sheet in its HTML instead: a bright frame around the code in dark mode, and a
 ``pre { line-height: 125% }`` rule that leaked into every code block of the page.)
+
+:func:`glue` is how a notebook hands a number to its prose, and :data:`glued` where the prose
+reads it: the prose writes ``{eval}`` with an f-string, ``f"{glued.kl:.3f}"``, which the book
+evaluates over the glued values stored in the notebook (tools/myst_eval.py) and jupyterlab-myst
+evaluates in the reader's kernel, where :func:`glue` has put the same value on :data:`glued`.
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
+import keyword
 import re
 import textwrap
 from typing import Any
 
-__all__ = ["SourceListing", "source_of", "show_source"]
+__all__ = ["SourceListing", "source_of", "show_source", "glue", "glued", "GluedValues"]
+
 
 
 def source_of(obj: Any, docstring: bool = False) -> str:
@@ -92,3 +99,65 @@ class SourceListing:
 def show_source(obj: Any, docstring: bool = False) -> SourceListing:
     """Display :func:`source_of` ``obj`` as highlighted Python in a notebook (see :class:`SourceListing`)."""
     return SourceListing(source_of(obj, docstring=docstring), language="python")
+
+
+
+class GluedValues:
+    """The values a notebook glued, by name: ``glued.kl_mean`` (see :func:`glue`).
+
+    A notebook's prose shows its numbers with the ``{eval}`` role, as ``f"{glued.kl_mean:.3f}"``:
+    jupyterlab-myst evaluates that in the reader's kernel, where ``glued`` is this object, and the
+    book evaluates it over the values stored in the notebook's glue outputs (tools/myst_eval.py).
+    The prose never reads a variable of the notebook's code, so a glued name cannot collide with
+    one, and a value glued in a loop (``glue(f"kl_{name}", ...)``) is shown like any other.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"nothing is glued under {name!r} yet: run the cell that glues it "
+                             "(the notebook's cells run top to bottom)")
+
+    def __repr__(self) -> str:
+        names = sorted(vars(self))
+        return f"GluedValues({', '.join(names)})" if names else "GluedValues()"
+
+
+glued = GluedValues()
+
+
+def glue(name: str, value: Any, display: bool = False) -> None:
+    """Glue ``value`` under ``name`` for the book (``myst_nb.glue``), and keep it as ``glued.<name>``.
+
+    The prose shows a glued number with the ``{eval}`` role and an f-string over :data:`glued`,
+    ``f"{glued.kl_mean:.3f}"``. The book evaluates that over the glued values stored in the notebook;
+    JupyterLab (jupyterlab-myst) evaluates it in the reader's kernel, where :data:`glued` holds the
+    same values because this function put them there.
+
+    Parameters
+    ----------
+    name : str
+        The glue key. A key that is a Python identifier is also an attribute of :data:`glued`;
+        others (figures, ``"fig-kl-estimates"``) are glued only.
+    value : object
+        A number or string rounded to the precision its prose prints (what nbval compares), or a
+        figure or other displayable object.
+    display : bool
+        Also show ``value`` as this cell's output (``myst_nb.glue``'s ``display``).
+
+    Examples
+    --------
+    In a notebook cell, ``glue("kl_mean", round(float(kl.mean()), 3))``; the Markdown shows it with
+    the ``{eval}`` role and the expression ``f"{glued.kl_mean:.3f}"``.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    if not name or name != name.strip():
+        raise ValueError(f"name must be a non-empty glue key without surrounding spaces, got {name!r}")
+    if not isinstance(display, bool):
+        raise TypeError(f"display must be a bool, got {type(display).__name__}")
+    from myst_nb import glue as myst_nb_glue  # the book's dependency, needed only in a notebook
+
+    myst_nb_glue(name, value, display=display)
+    if name.isidentifier() and not keyword.iskeyword(name):
+        setattr(glued, name, value)

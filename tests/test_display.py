@@ -182,3 +182,73 @@ def test_listing_shows_the_code_as_str_and_checks_its_arguments() -> None:
         SourceListing(b"x = 1")
     with pytest.raises(ValueError, match="language must be a lexer name"):
         SourceListing("x = 1", language="python\n```")
+
+
+# --- glue: the prose's numbers, for the book and for JupyterLab ----------------------------------
+
+
+@pytest.fixture
+def glue_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """Record what reaches myst_nb.glue, and give each test an empty ``glued``."""
+    import myst_nb
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(myst_nb, "glue", lambda name, value, display=True: calls.append(
+        (name, value, display)))
+    monkeypatch.setattr(display, "glued", display.GluedValues())
+    return calls
+
+
+def test_glue_hands_the_value_to_myst_nb_and_keeps_it_on_glued(glue_calls: list[tuple]) -> None:
+    display.glue("kl_mean", 0.123)
+    display.glue("n_runs", 12, display=True)
+    assert glue_calls == [("kl_mean", 0.123, False), ("n_runs", 12, True)]
+    assert display.glued.kl_mean == 0.123 and display.glued.n_runs == 12
+    assert repr(display.glued) == "GluedValues(kl_mean, n_runs)"
+    # A cell run again replaces the value, as the glue output in the notebook is replaced.
+    display.glue("kl_mean", 0.5)
+    assert display.glued.kl_mean == 0.5
+
+
+def test_glue_keys_that_are_not_identifiers_are_glued_but_not_attributes(glue_calls: list[tuple]) -> None:
+    figure = object()
+    display.glue("fig-kl-estimates", figure)
+    display.glue("class", "a keyword")
+    assert [c[0] for c in glue_calls] == ["fig-kl-estimates", "class"]
+    assert vars(display.glued) == {}
+
+
+def test_a_name_not_glued_yet_says_so(glue_calls: list[tuple]) -> None:
+    with pytest.raises(AttributeError, match="nothing is glued under 'kl' yet: run the cell that glues it"):
+        display.glued.kl  # noqa: B018
+    assert not hasattr(display.glued, "__wrapped__")  # dunder look-ups stay ordinary
+
+
+@pytest.mark.parametrize(("name", "display_flag", "error", "message"), [
+    (3, False, TypeError, "name must be a str, got int"),
+    ("", False, ValueError, "name must be a non-empty glue key"),
+    (" kl", False, ValueError, "without surrounding spaces, got ' kl'"),
+    ("kl", "yes", TypeError, "display must be a bool, got str"),
+])
+def test_glue_refuses_bad_arguments(glue_calls: list[tuple], name: object, display_flag: object,
+                                    error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        display.glue(name, 0.1, display=display_flag)
+    assert glue_calls == []
+
+
+def test_the_prose_expression_gives_the_same_text_in_the_kernel_and_in_the_book(
+        glue_calls: list[tuple]) -> None:
+    """What jupyterlab-myst evaluates in the kernel equals what the book evaluates from the outputs."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import myst_eval
+
+    display.glue("kl", round(0.123456, 3))
+    display.glue("share", 0.25)
+    expression = 'f"{glued.kl:.3f} nats, {glued.share:.0%} of it"'
+    in_kernel = eval(expression, {"glued": display.glued})  # noqa: S307  (what the kernel does)
+    in_book = myst_eval.evaluate(expression, {"kl": 0.123, "share": 0.25})
+    assert in_kernel == in_book == "0.123 nats, 25% of it"

@@ -43,6 +43,7 @@ pytestmark = pytest.mark.book
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "myst_lab.ipynb"
+BOOK = ROOT / "book"
 FIXTURE_SENTENCE = "The mean of the 4 log-ratios is 2.00 nats, and a quarter of it is 50.0% of a nat."
 SERVER_TIMEOUT_S = 30
 LAB_TIMEOUT_MS = 45_000
@@ -68,6 +69,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     notebooks.mkdir()
     home.mkdir()
     shutil.copy(FIXTURE, notebooks / FIXTURE.name)
+    shutil.copytree(BOOK, notebooks / "book", ignore=shutil.ignore_patterns("_build", ".ipynb_checkpoints"))
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_PLATFORM_DIRS="1", JUPYTER_CONFIG_DIR=str(home / "config"),
                JUPYTER_RUNTIME_DIR=str(home / "runtime"), PYDEVD_DISABLE_FILE_VALIDATION="1")

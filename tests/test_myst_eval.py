@@ -56,6 +56,9 @@ VALUES = {"kl": 0.1234, "n": 12, "label": "k3", "fig": EvalError("the glued valu
     ("-kl / 2", -0.0617),
     ('f"{max(kl, 1):+.1f}"', "+1.0"),
     ("label", "k3"),
+    ('f"{glued.kl:.2f}"', "0.12"),
+    ('f"{glued.kl:.1%} of {glued.n} samples"', "12.3% of 12 samples"),
+    ("glued.n * 2", 24),
 ])
 def test_expressions_are_evaluated_over_glued_values(expression: str, shown: object) -> None:
     assert evaluate(expression, VALUES) == shown
@@ -63,7 +66,10 @@ def test_expressions_are_evaluated_over_glued_values(expression: str, shown: obj
 
 @pytest.mark.parametrize(("expression", "message"), [
     ("missing", "'missing' is not glued in this notebook"),
-    ("kl.real", "Attribute is not allowed"),
+    ("kl.real", "the only attribute access allowed is glued.<name>"),
+    ("glued.kl.real", "the only attribute access allowed is glued.<name>"),
+    ("glued.missing", "'missing' is not glued in this notebook"),
+    ("glued.fig", "is a figure"),
     ("__import__('os')", "only round, abs, int, float, min, max and format may be called"),
     ("round(kl, ndigits=2)", "with positional arguments"),
     ("[kl]", "List is not allowed"),
@@ -112,6 +118,23 @@ def test_a_name_glued_under_another_expression_is_reported() -> None:
     fill(notebook)
     (problem,) = problems(notebook)
     assert "glued as glue('kl', round(kl, 1))" in problem and "glue it under its own name" in problem
+
+
+def test_glued_attribute_names_need_no_variable_of_their_own() -> None:
+    # kltutorial.display.glue keeps the value on `glued`, so the code's own `kl` may differ.
+    notebook = _notebook("kl = 0.5123\nglue('kl', round(kl, 1), display=False)",
+                         [_glue_output("kl", "0.5")], 'KL is {eval}`f"{glued.kl:.1f}"`.')
+    assert fill(notebook) is True and problems(notebook) == []
+    assert notebook["cells"][1]["metadata"]["user_expressions"][0]["result"]["data"] == {
+        "text/plain": "'0.5'"}
+
+
+def test_a_name_glued_after_the_prose_that_shows_it_is_reported() -> None:
+    notebook = _notebook("", [_glue_output("kl", "0.5")], 'KL is {eval}`f"{glued.kl:.1f}"`.')
+    notebook["cells"].reverse()  # the prose now comes first
+    fill(notebook)
+    (problem,) = problems(notebook)
+    assert "glued only in the later cell 1" in problem and "nothing glued yet" in problem
 
 
 def test_command_line_checks_and_writes(tmp_path: Path) -> None:

@@ -100,3 +100,39 @@ def test_new_axes_grid_checks_the_count():
     with pytest.raises(ValueError, match="axes"):
         style.new_axes_grid(axes, 2, 2)
     assert style.new_axes_grid(axes, 1, 3)[2] is axes[2]
+
+
+def test_save_figure_writes_the_png_the_figure_directive_shows(tmp_path) -> None:
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    plotting.use_style()
+    fig, ax = plt.subplots(figsize=plotting.fig_size(3.0))
+    ax.plot([0, 1], [0, 1])
+    path = plotting.save_figure(fig, "fig-test-line", folder=tmp_path / "figures")
+    first = path.read_bytes()
+    assert path == tmp_path / "figures" / "fig-test-line.png" and first.startswith(b"\x89PNG")
+    width, _ = Image.open(path).size
+    # cropped to its content plus matplotlib's 0.1-inch pad, at the figure's 110 dpi (the column's
+    # width in pixels), not savefig's 150
+    assert 0.85 * plotting.FIG_WIDTH * 110 < width <= (plotting.FIG_WIDTH + 0.2) * 110 + 1
+    assert b"Matplotlib version" not in first
+    plotting.save_figure(fig, "fig-test-line", folder=tmp_path / "figures")
+    assert path.read_bytes() == first  # the same figure rewrites the same bytes
+    plt.close(fig)
+
+
+@pytest.mark.parametrize(("args", "error", "message"), [
+    (("not a figure", "fig-x"), TypeError, "fig must be a matplotlib Figure, got str"),
+    ((None, "Fig X"), ValueError, "name must be lower-case words joined by hyphens"),
+    ((None, "fig_x.png"), ValueError, "got 'fig_x.png'"),
+    ((None, "fig-x", 3), TypeError, "folder must be a str or Path, got int"),
+])
+def test_save_figure_refuses_bad_arguments(args, error, message) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure()
+    args = tuple(fig if a is None else a for a in args)
+    with pytest.raises(error, match=message):
+        plotting.save_figure(*args)
+    plt.close(fig)

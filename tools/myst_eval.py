@@ -1,31 +1,37 @@
 """Numbers in the prose that both the book and JupyterLab show: ``{eval}`` over glued values.
 
-The problem. The notebooks write numbers in Markdown as ``{glue:text}`kl:.3f` ``: myst-nb pastes
-the value glued in a code cell, which nbval has verified. jupyterlab-myst, which renders MyST in
-JupyterLab, does not know ``{glue}`` (jupyterlab-myst #40): a reader running the notebook sees
-the role's text, ``kl:.3f``, where the number should be. It does evaluate ``{eval}`expr` ``: it
-sends ``expr`` to the kernel as a user expression when the Markdown cell is run, shows the
-result inline, and stores it in the cell's ``user_expressions`` metadata, from which it shows the
-number on opening the notebook, before anything runs. myst-nb evaluates ``{eval}`` only while
-it executes the notebook in the build (``execution_mode: inline``); in a build from stored
-outputs, as ``make test`` does, it has no kernel and reads no metadata.
+The problem. myst-nb pastes a value glued in a code cell (and verified by nbval) into the prose
+with ``{glue:text}`kl:.3f` ``. jupyterlab-myst, which renders MyST in JupyterLab, does not know
+``{glue}`` (jupyterlab-myst #40): a reader running the notebook would see the role's text,
+``kl:.3f``, where the number should be. It does evaluate ``{eval}`expr` ``: it sends ``expr`` to
+the kernel as a user expression when the Markdown cell is run, shows the result inline, and
+stores it in the cell's ``user_expressions`` metadata, from which it shows the number on opening
+the notebook, before anything runs. myst-nb evaluates ``{eval}`` only while it executes the
+notebook in the build (``execution_mode: inline``); in a build from stored outputs, as
+``make test`` does, it has no kernel and reads no metadata.
 
-The mechanism: one syntax, ``{eval}`f"{kl:.3f}"` ``, for both readers.
+The mechanism: one syntax, ``{eval}`f"{glued.kl:.3f}"` ``, for both readers.
 
-* In JupyterLab, jupyterlab-myst evaluates it in the reader's kernel.
+* The notebooks glue with ``kltutorial.display.glue``, which calls ``myst_nb.glue`` and also sets
+  ``kltutorial.display.glued.kl`` (each notebook imports ``glued``). The prose reads only
+  ``glued.<name>``, never a variable of the code, so no glued name can shadow one.
+* In JupyterLab, jupyterlab-myst evaluates the expression in the reader's kernel.
 * In the book, the extension (``kltutorial_book_ext``) renders it without a kernel: the
   expression is evaluated here over the page's **glued** values (the same values nbval checks),
-  with a small grammar: names, literals, f-strings with format specs, arithmetic, and
-  ``round``/``abs``/``int``/``float``/``min``/``max``/``format``.
-* For the two to agree, every name in an expression is glued under its own name,
-  ``glue("kl", kl, display=False)``, so that the kernel variable ``kl`` is the glued value.
+  with a small grammar: ``glued.<name>``, names, literals, f-strings with format specs,
+  arithmetic, and ``round``/``abs``/``int``/``float``/``min``/``max``/``format``.
+* A bare name (``{eval}`kl` ``, as a notebook gluing with ``myst_nb.glue`` writes it) is the
+  kernel variable ``kl``: it must be glued as itself, ``glue("kl", kl)``, or the two differ.
+* A name is glued before the prose that shows it, so that running the notebook top to bottom
+  never evaluates a name not yet glued.
 * ``python tools/myst_eval.py NOTEBOOK...`` stores each Markdown cell's results in its
   ``user_expressions`` metadata, in jupyterlab-myst's format, so a reader who opens the notebook
   sees the numbers before running it; ``--check`` reports instead of writing.
 
 The book build reports (as a warning, so ``-W`` fails it) an expression it cannot evaluate, a
-name not glued under its own name, and stored ``user_expressions`` that differ from the glued
-values (the notebook was re-executed but the metadata not refreshed).
+bare name not glued as itself, a name glued only after the prose that shows it, and stored
+``user_expressions`` that differ from the glued values (the notebook was re-executed but the
+metadata not refreshed).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import argparse
 import ast
 import re
 import sys
+import types
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -41,11 +48,13 @@ from typing import Any
 GLUE_PREFIX = "application/papermill.record/"
 # MyST role syntax: {eval}`expr` or, for an expression holding a backtick, {eval}``expr``.
 EVAL_ROLE = re.compile(r"\{eval\}(`+)(.+?)\1")
+# The kernel object the notebooks glue into (kltutorial.display.glued): ``glued.kl`` is glued "kl".
+GLUED = "glued"
 SAFE_CALLS = {"round": round, "abs": abs, "int": int, "float": float, "min": min, "max": max,
               "format": format}
 _NODES = (ast.Expression, ast.Name, ast.Load, ast.Constant, ast.JoinedStr, ast.FormattedValue,
           ast.BinOp, ast.UnaryOp, ast.Call, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv,
-          ast.Mod, ast.Pow, ast.USub, ast.UAdd)
+          ast.Mod, ast.Pow, ast.USub, ast.UAdd, ast.Attribute)
 
 
 class EvalError(ValueError):
@@ -97,12 +106,27 @@ def glue_data_values(glue_data: dict[str, Any]) -> dict[str, Any]:
     return glued_values({"cells": [cell]})
 
 
-def names_in(expression: str) -> set[str]:
+def _tree(expression: str) -> ast.Expression | None:
     try:
-        tree = ast.parse(expression, mode="eval")
+        return ast.parse(expression.strip(), mode="eval")
     except SyntaxError:
-        return set()
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in SAFE_CALLS}
+        return None
+
+
+def names_in(expression: str) -> set[str]:
+    """The bare names of an expression (each must be a kernel variable holding its glued value)."""
+    tree = _tree(expression)
+    return set() if tree is None else {
+        n.id for n in ast.walk(tree)
+        if isinstance(n, ast.Name) and n.id not in SAFE_CALLS and n.id != GLUED}
+
+
+def glued_names_in(expression: str) -> set[str]:
+    """The names read as ``glued.<name>`` (kltutorial.display.glued in the kernel)."""
+    tree = _tree(expression)
+    return set() if tree is None else {
+        n.attr for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == GLUED}
 
 
 def evaluate(expression: str, values: dict[str, Any]) -> Any:
@@ -115,18 +139,25 @@ def evaluate(expression: str, values: dict[str, Any]) -> Any:
         if not isinstance(node, _NODES):
             raise EvalError(f"{expression!r}: {type(node).__name__} is not allowed here (names, "
                             "numbers, f-strings, arithmetic, round/abs/int/float/min/max/format)")
+        if isinstance(node, ast.Attribute) and not (
+                isinstance(node.value, ast.Name) and node.value.id == GLUED):
+            raise EvalError(f"{expression!r}: the only attribute access allowed is {GLUED}.<name>, "
+                            "a glued value")
         if isinstance(node, ast.Call) and not (
                 isinstance(node.func, ast.Name) and node.func.id in SAFE_CALLS and not node.keywords):
             raise EvalError(f"{expression!r}: only round, abs, int, float, min, max and format "
                             "may be called, with positional arguments")
     namespace: dict[str, Any] = {}
-    for name in names_in(expression):
+    for name in names_in(expression) | glued_names_in(expression):
         if name not in values:
             raise EvalError(f"{expression!r}: {name!r} is not glued in this notebook "
-                            f"(glue({name!r}, {name}, display=False))")
+                            f"(glue({name!r}, value, display=False))")
         if isinstance(values[name], EvalError):
             raise values[name]
+    for name in names_in(expression):
         namespace[name] = values[name]
+    namespace[GLUED] = types.SimpleNamespace(
+        **{name: values[name] for name in glued_names_in(expression)})
     try:
         return eval(compile(tree, "<eval>", "eval"), {"__builtins__": SAFE_CALLS}, namespace)
     except Exception as exc:  # the expression's own error, e.g. a bad format spec
@@ -166,10 +197,22 @@ def glue_calls(notebook: dict) -> dict[str, str]:
     return calls
 
 
+def glued_in_cell(notebook: dict) -> dict[str, int]:
+    """Glued name -> the index of the first cell whose outputs glue it."""
+    where: dict[str, int] = {}
+    for index, cell in enumerate(notebook.get("cells", [])):
+        for output in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
+            meta = (output.get("metadata") or {}).get("scrapbook")
+            if meta and "name" in meta:
+                where.setdefault(meta["name"], index)
+    return where
+
+
 def problems(notebook: dict) -> list[str]:
     """Everything that would make the book and JupyterLab show different numbers."""
     values = glued_values(notebook)
     glued_as = glue_calls(notebook)
+    first_glued = glued_in_cell(notebook)
     found = []
     for index, cell in enumerate(notebook.get("cells", [])):
         if cell.get("cell_type") != "markdown":
@@ -177,8 +220,13 @@ def problems(notebook: dict) -> list[str]:
         expressions = expressions_in(_source(cell))
         where = f"cell {index}"
         for expr in expressions:
-            for name in sorted(names_in(expr)):
-                if name in glued_as and glued_as[name] != name:
+            for name in sorted(names_in(expr) | glued_names_in(expr)):
+                if first_glued.get(name, -1) > index:
+                    found.append(f"{where}: {{eval}}`{expr}` uses {name!r}, glued only in the later cell "
+                                 f"{first_glued[name]}: run top to bottom in JupyterLab, this cell would "
+                                 "show an error instead of the number (nothing glued yet); glue it "
+                                 "before the prose that shows it")
+                if name in names_in(expr) and name in glued_as and glued_as[name] != name:
                     found.append(f"{where}: {{eval}}`{expr}` uses {name!r}, glued as glue({name!r}, "
                                  f"{glued_as[name]}): JupyterLab evaluates the kernel variable {name}; "
                                  f"assign it and glue it under its own name, glue({name!r}, {name})")

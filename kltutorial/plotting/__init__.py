@@ -90,6 +90,7 @@ from .style import (
     new_axes,
     new_axes_grid,
     plot_median_band,
+    save_figure,
     series_style,
     use_style,
 )
@@ -103,6 +104,7 @@ __all__ = [
     "REFERENCE_COLOR",
     "ZONE_COLOR",
     "use_style",
+    "save_figure",
     "series_style",
     "beta_colors",
     "beta_styles",

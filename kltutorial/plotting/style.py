@@ -17,7 +17,9 @@ Nothing here knows about a section of the book; the figure modules (``controller
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import matplotlib as mpl
@@ -26,6 +28,7 @@ import numpy as np
 from cycler import cycler
 from matplotlib.axes import Axes
 from matplotlib.colors import to_hex
+from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
     "log_beta_axis",
     "check_quantiles",
     "plot_median_band",
+    "save_figure",
 ]
 
 #: Width of every figure in inches, that of the book's text column. Every figure is drawn at the width
@@ -83,6 +87,43 @@ ZONE_COLOR = "0.55"  #: Grey of shaded or hatched zones (a stable band, an unrel
 # Part of plasma used for β: 0.8 is orange (warm, small β), 0.0 dark blue (cool, large β).
 # The top of plasma (bright yellow) is cut off because it is unreadable on white.
 _BETA_CMAP_RANGE = (0.8, 0.0)
+
+
+#: Where :func:`save_figure` writes, relative to the notebook (book/): book/images/figures/.
+FIGURE_FOLDER = Path("images") / "figures"
+
+
+def save_figure(fig: Figure, name: str, folder: str | Path = FIGURE_FOLDER) -> Path:
+    """Write ``fig`` as ``<folder>/<name>.png`` for a ``{figure}`` directive, and return the path.
+
+    The book places its figures with MyST's ``{figure}`` directive (number, caption, alt text,
+    ``:name:`` for ``{numref}``), which both the built book and JupyterLab's jupyterlab-myst render,
+    from the file this writes when the notebook runs. The PNG is written at the figure's own dpi
+    (the house style's 110, at which a :data:`FIG_WIDTH` figure fills the text column), cropped to
+    its content, and without the writer's version in its metadata, so that re-running a notebook
+    on the same machine rewrites the same bytes.
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+        The figure to write.
+    name : str
+        The file's stem, also the figure's ``:name:``: lower-case letters, digits and hyphens.
+    folder : str or Path
+        Where to write, relative to the working directory (the notebook's folder); created if
+        missing.
+    """
+    if not isinstance(fig, Figure):
+        raise TypeError(f"fig must be a matplotlib Figure, got {type(fig).__name__}")
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9]+(?:-[a-z0-9]+)*", name):
+        raise ValueError(f"name must be lower-case words joined by hyphens, such as 'fig-kl-estimates', "
+                         f"got {name!r}")
+    if not isinstance(folder, (str, Path)):
+        raise TypeError(f"folder must be a str or Path, got {type(folder).__name__}")
+    path = Path(folder) / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi="figure", bbox_inches="tight", metadata={"Software": None})
+    return path
 
 
 def use_style() -> None:
