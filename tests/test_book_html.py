@@ -640,8 +640,9 @@ def test_images_are_decoded_described_and_captioned(
         if (alt := _alt_problem(img["alt"], src or "")) is not None:
             problems.append(f"{src}: {alt}")
         if not img["inFigure"]:
-            problems.append(f"{src}: not in a figure (a cell output image: glue it and place it "
-                            "with ```{glue:figure}```, with :alt: and a caption)")
+            problems.append(f"{src}: not in a figure (a cell output image: write it with "
+                            "plotting.save_figure and place it with ```{figure}```, with :alt: "
+                            "and a caption)")
         elif not img["caption"]:
             problems.append(f"{src}: its figure has no caption")
         if img["link"] != img["url"]:
@@ -759,7 +760,7 @@ def _first_figure(report_of: Callable[[Path], PageReport]) -> tuple[Path, dict]:
         for img in report_of(page).reader.get("images", []):
             if img["inFigure"] and img["naturalWidth"] > 0:
                 return page, img
-    pytest.fail("no page has a figure with a decoded image (the book's figures are glue:figure)")
+    pytest.fail("no page has a figure with a decoded image (the book's figures are {figure} directives)")
 
 
 def test_a_figure_opens_full_size_by_click_and_by_keyboard(

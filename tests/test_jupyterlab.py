@@ -10,7 +10,11 @@ own, its settings and workspaces in a temporary folder) on a copy of the fixture
 * ``notebook:run-all-cells`` (through ``window.jupyterapp``, exposed by ``--expose-app-in-browser``)
   runs every code cell without an error or stderr output, the kernel goes idle, and the numbers
   are still there, now evaluated in the kernel;
-* nothing is fetched from outside 127.0.0.1.
+* nothing is fetched from outside 127.0.0.1;
+* every chapter of book/, opened as a reader opens it, shows its numbers (the ``{eval}``
+  results stored by tools/myst_eval.py) and its ``{figure}`` images in the rendered Markdown,
+  and no role or directive as raw text or as "Unknown Directive" (but the one interactive
+  figure, which needs the built book's plotly).
 
 A screenshot goes to ``screenshots/jupyterlab/`` next to the built book's HTML folder (see
 tests/test_book_html.py). The server is stopped at the end by killing its process group.
@@ -21,6 +25,8 @@ Chromium or jupyterlab-myst it skips locally and fails when ``CI`` is set.
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 import secrets
 import shutil
@@ -35,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib.util import find_spec
 from pathlib import Path
 
+import nbformat
 import pytest
 from playwright.sync_api import Page, sync_playwright
 from test_book_html import CHROMIUM_FLAGS, SCREENSHOT_DIR, _find_chromium, _unavailable
@@ -44,6 +51,9 @@ pytestmark = pytest.mark.book
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "myst_lab.ipynb"
 BOOK = ROOT / "book"
+sys.path.insert(0, str(ROOT / "tools"))
+import myst_eval  # noqa: E402
+
 FIXTURE_SENTENCE = "The mean of the 4 log-ratios is 2.00 nats, and a quarter of it is 50.0% of a nat."
 SERVER_TIMEOUT_S = 30
 LAB_TIMEOUT_MS = 45_000
@@ -70,6 +80,10 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     home.mkdir()
     shutil.copy(FIXTURE, notebooks / FIXTURE.name)
     shutil.copytree(BOOK, notebooks / "book", ignore=shutil.ignore_patterns("_build", ".ipynb_checkpoints"))
+    # Render every cell, not only those in view, so that a whole chapter can be read at once.
+    tracker = home / "settings" / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+    tracker.parent.mkdir(parents=True)
+    tracker.write_text(json.dumps({"windowingMode": "none"}), encoding="utf8")
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_PLATFORM_DIRS="1", JUPYTER_CONFIG_DIR=str(home / "config"),
                JUPYTER_RUNTIME_DIR=str(home / "runtime"), PYDEVD_DISABLE_FILE_VALIDATION="1")
@@ -219,3 +233,95 @@ def test_jupyterlab_renders_myst_and_runs_the_notebook(lab: str) -> None:
     assert not remote, f"JupyterLab fetched from outside 127.0.0.1: {remote[:5]}"
     assert not crashes, f"uncaught exceptions in JupyterLab: {crashes[:3]}"
     print(f"JupyterLab opened, rendered and ran {FIXTURE.name} in {elapsed:.1f} s")
+
+
+CHAPTERS = sorted(BOOK.glob("*.ipynb"))
+# Only the interactive figure (plotly from the built book's _static) stays a glue:figure.
+UNKNOWN_DIRECTIVE_ALLOWED = {"11-real-experiment.ipynb": 1}
+RAW_SYNTAX = ("{eval}", "{glue", "glued.", "```", "{figure}", "{numref}", "{doc}", ":::")
+
+# Each chapter's rendered Markdown: text, images shown (decoded), and MyST's error boxes.
+CHAPTER_STATE = r"""
+() => {
+  const panel = window.jupyterapp.shell.currentWidget;
+  const md = panel.content.widgets.filter(c => c.model.type === 'markdown');
+  const rendered = md.map(c => c.node.querySelector('.jp-MarkdownOutput, .jp-Cell-inputArea > .myst'));
+  const text = rendered.map(r => r ? r.innerText.replace(/\s+/g, ' ').trim() : '');
+  const images = rendered.flatMap(r => r ? [...r.querySelectorAll('img')] : []);
+  return {
+    cells: md.length, renderedCells: rendered.filter(Boolean).length, text,
+    images: images.map(i => ({src: i.getAttribute('src') || '', decoded: i.complete && i.naturalWidth > 0})),
+    unknown: text.filter(t => t.includes('Unknown Directive') || t.includes('Unknown Role')).length,
+  };
+}
+"""
+
+
+def _read_chapters(lab: str, executable: str) -> dict[str, dict]:
+    """Open each chapter in one JupyterLab page, read what it shows, close it and its kernel."""
+    states: dict[str, dict] = {}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, headless=True, args=LAB_FLAGS)
+        try:
+            page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+            page.goto(lab, wait_until="load", timeout=LAB_TIMEOUT_MS)
+            page.wait_for_function(
+                "() => Boolean(window.jupyterapp && window.jupyterapp.shell.currentWidget"
+                " && window.jupyterapp.shell.currentWidget.content)", timeout=LAB_TIMEOUT_MS)
+            for chapter in CHAPTERS:
+                path = f"book/{chapter.name}"
+                page.evaluate("(path) => window.jupyterapp.commands.execute('docmanager:open', {path})", path)
+                # jupyterlab-myst has rendered every Markdown cell; images have had time to load.
+                page.wait_for_function(
+                    "(path) => { const w = window.jupyterapp.shell.currentWidget;"
+                    " if (!w || !w.context || w.context.path !== path || !w.content) return false;"
+                    " const md = w.content.widgets.filter(c => c.model.type === 'markdown');"
+                    " return md.length > 0 && md.every(c => c.node.querySelector("
+                    "   '.jp-MarkdownOutput, .jp-Cell-inputArea > .myst'))"
+                    "   && [...w.node.querySelectorAll('.jp-MarkdownCell img')].every(i => i.complete); }",
+                    arg=path, timeout=LAB_TIMEOUT_MS)
+                states[chapter.name] = page.evaluate(CHAPTER_STATE)
+                shot = SCREENSHOT_DIR / "jupyterlab" / chapter.with_suffix(".jpg").name
+                page.screenshot(path=shot, type="jpeg", quality=60)
+                page.evaluate("async () => { const w = window.jupyterapp.shell.currentWidget;"
+                              " await w.sessionContext.shutdown(); w.dispose(); }")
+        finally:
+            browser.close()
+    return states
+
+
+def test_every_chapter_shows_its_numbers_and_figures_in_jupyterlab(lab: str) -> None:
+    executable = _find_chromium()
+    if executable is None:
+        _unavailable("Chromium not found (apt-get install chromium, or set $CHROMIUM)")
+    (SCREENSHOT_DIR / "jupyterlab").mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        states = pool.submit(_read_chapters, lab, executable).result()
+    problems = []
+    for chapter in CHAPTERS:
+        state, source = states[chapter.name], nbformat.read(chapter, as_version=4)
+        prose = [c.source for c in source.cells if c.cell_type == "markdown"]
+        figures = sum(s.count("{figure}") for s in prose)
+        numbers = sum(len(myst_eval.expressions_in(s)) for s in prose)
+        if state["renderedCells"] != state["cells"]:
+            missing = state["cells"] - state["renderedCells"]
+            problems.append(f"{chapter.name}: {missing} Markdown cells not rendered")
+        raw = sorted({token for text in state["text"] for token in RAW_SYNTAX if token in text})
+        if raw:
+            problems.append(f"{chapter.name}: raw MyST shown as text: {raw}")
+        if state["unknown"] != UNKNOWN_DIRECTIVE_ALLOWED.get(chapter.name, 0):
+            problems.append(f"{chapter.name}: {state['unknown']} 'Unknown Directive/Role' boxes")
+        decoded = [i for i in state["images"] if i["decoded"] and "images/figures/" in i["src"]]
+        if len(decoded) != figures:
+            problems.append(f"{chapter.name}: {len(decoded)} figure images shown for {figures} {{figure}} "
+                            f"directives: {state['images']}")
+        if numbers:
+            # every stored result shows: the text of the first few stored results appears in the prose
+            stored = [e["result"]["data"]["text/plain"] for c in source.cells if c.cell_type == "markdown"
+                      for e in c.metadata.get("user_expressions", [])]
+            shown = " ".join(state["text"])
+            absent = [v for v in stored if myst_eval.shown_text(ast.literal_eval(v)) not in shown]
+            if len(stored) < numbers or absent:
+                problems.append(f"{chapter.name}: {len(stored)} of {numbers} numbers stored; "
+                                f"not shown: {absent[:5]}")
+    assert not problems, "what a reader opening the chapters in JupyterLab sees:\n" + "\n".join(problems)

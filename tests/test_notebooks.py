@@ -12,12 +12,18 @@ fail when one of them is not in a publishable state:
 * no tag switches a check off (``nbval-skip``, ``raises-exception``, ...);
 * the page has a title, the setup cell is folded (``hide-input``), every ``{glue}`` reference in
   the prose names a value the notebook glues;
+* the prose shows its numbers with ``{eval}`` over ``glued`` (never ``{glue:text}``, which
+  JupyterLab cannot render), each glued before the prose that shows it, with ``user_expressions``
+  up to date (tools/myst_eval.py);
+* every figure is a ``{figure}`` of a PNG under book/images/figures/ that the notebook writes with
+  ``plotting.save_figure``, and every PNG there belongs to a figure;
 * the table of contents and book/ agree.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import nbformat
@@ -25,7 +31,12 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import myst_eval  # noqa: E402
+
 BOOK = ROOT / "book"
+FIGURES = BOOK / "images" / "figures"
 TOC = ROOT / "_toc.yml"
 NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
 
@@ -202,3 +213,48 @@ def test_glued_values_are_plain(notebook: tuple[str, nbformat.NotebookNode]) -> 
     assert not bad, (
         f"{name}: glue plain Python numbers (float(x), int(x), x.item()), not {bad}"
     )
+
+
+# A number written with a glue role: myst-nb renders it, jupyterlab-myst shows the role's text.
+GLUE_TEXT_ROLE = re.compile(r"\{glue(?::(?:text|md|any))?\}`")
+FIGURE_DIRECTIVE = re.compile(r"^(`{3,}|:{3,})\{figure\}\s+(\S+)\s*\n((?::[a-z_-]+:.*\n)*)", re.MULTILINE)
+SAVE_FIGURE = re.compile(r"plotting\.save_figure\([^\n]*?,\s*[\"']([^\"']+)[\"']\)")
+
+
+def test_prose_numbers_are_eval_and_show_in_jupyterlab(notebook: tuple[str, nbformat.NotebookNode]) -> None:
+    name, nb = notebook
+    roles = [f"cell {i}: {m.group(0)}" for i, cell in enumerate(nb.cells) if cell.cell_type == "markdown"
+             for m in GLUE_TEXT_ROLE.finditer(cell.source)]
+    assert not roles, (f"{name}: numbers written with a glue role, which JupyterLab shows as role text; "
+                       f"write {{eval}}`f\"{{glued.name:.3f}}\"` instead: {roles[:5]}")
+    found = myst_eval.problems(nb)
+    assert not found, f"{name}: " + "\n".join(found[:10])
+
+
+def test_figures_are_written_files_that_a_figure_directive_shows(
+        notebook: tuple[str, nbformat.NotebookNode]) -> None:
+    name, nb = notebook
+    saved = {m.group(1) for _, cell in _code_cells(nb) for m in SAVE_FIGURE.finditer(cell.source)}
+    shown = {}
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for m in FIGURE_DIRECTIVE.finditer(cell.source):
+                options = dict(re.findall(r"^:([a-z_-]+):\s*(.*)$", m.group(3), re.MULTILINE))
+                shown[m.group(2)] = options
+    for target, options in shown.items():
+        path = (BOOK / target).resolve()
+        assert path.is_file(), f"{name}: {{figure}} {target} does not exist (run `make notebooks`)"
+        if path.parent == FIGURES.resolve():
+            stem = path.stem
+            assert stem in saved, f"{name}: {{figure}} {target} is not written by this notebook's code"
+            assert options.get("name") == stem, f"{name}: {{figure}} {target} needs :name: {stem}"
+        assert options.get("alt"), f"{name}: {{figure}} {target} has no :alt: text"
+    missing = sorted(s for s in saved if f"images/figures/{s}.png" not in shown)
+    assert not missing, f"{name}: figures written but never shown with {{figure}}: {missing}"
+
+
+def test_no_stale_figure_files() -> None:
+    written = {m.group(1) for path in NOTEBOOKS for _, cell in _code_cells(_read(path))
+               for m in SAVE_FIGURE.finditer(cell.source)}
+    stale = sorted(p.name for p in FIGURES.glob("*") if p.stem not in written or p.suffix != ".png")
+    assert not stale, f"book/images/figures/ holds files no notebook writes: {stale}"
