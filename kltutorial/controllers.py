@@ -238,9 +238,13 @@ class AdaptiveKLController(KLController):
                -0.2,\, 0.2\right), \qquad \beta_{t+1} = \beta_t \,\max\!\left(1 + e_t \frac{n}{H},\;
                0.01\right)
 
-    with :math:`n` the steps since the last update and :math:`H` the horizon. The clip bounds each
-    relative change by :math:`0.2\,n/H`; with TRL's defaults (``horizon=10000``, ``n_steps`` = batch size)
-    :math:`\beta` moves slowly and smoothly.
+    with :math:`n` the number of samples (sequences) the update's KL was measured on, which is what
+    TRL, OpenRLHF, verl and lm-human-preferences all pass as ``n_steps``, and :math:`H` the horizon,
+    in samples. The clip bounds each relative change by :math:`0.2\,n/H`; with TRL's defaults
+    (``horizon=10000``, ``n_steps`` = batch size) :math:`\beta` moves slowly. Each update changes
+    :math:`\log\beta` in proportion to the error (Ziegler et al. call it a log-space proportional
+    controller), so :math:`\beta` accumulates the error over updates: on :math:`\beta` it acts as an
+    integral controller, which is why it overshoots (book section 7, :mod:`kltutorial.control_study`).
 
     Parameters
     ----------

@@ -55,10 +55,11 @@ __all__ = [
 ]
 
 #: Float32 bytes of one chunk of rows (positions), 2 MiB (16 rows at V = 32,000, 4 at V = 128,256).
-#: Chosen by ``python -m kltutorial.bench --sweep`` on the 2-core reference machine (1 MiB of L2 cache
-#: per core): log-prob time is flat from 1 to 8 MiB chunks and worse for single rows; exact KL, which
-#: keeps three or four chunk-sized buffers busy, is fastest at 1-2 MiB and slows from 4 MiB on, once
-#: its working set spills out of the caches. Peak extra memory is a few chunks, whatever (B, T).
+#: About 2 MiB of float32 work per chunk: large enough that each chunk is many rows of one big
+#: kernel call (a single row per call is slower), small enough that the three or four chunk-sized
+#: buffers exact KL keeps busy stay near a core's L2 cache. The value is not critical, and the best one
+#: depends on the machine: ``python -m kltutorial.bench --sweep`` times chunk sizes from 128 KiB to
+#: 16 MiB on yours. Peak extra memory is a few chunks, whatever (B, T).
 CHUNK_BYTES = 2 << 20
 
 
