@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kltutorial import bench, bench_simulation
-from kltutorial.logprobs import naive_logprobs_for_tokens
+from kltutorial.logprobs import CHUNK_BYTES, naive_logprobs_for_tokens
 from kltutorial.simulate import TrainingNoise, draw_training_noise, simulate_training_trajectory
 
 
@@ -75,6 +75,25 @@ def test_run_case_in_a_child_process():
     assert set(result) == {"times", "peak_bytes", "input_bytes"}
     assert len(result["times"]) == 2 and all(t > 0 for t in result["times"])
     assert result["input_bytes"] == 1 * 4 * 64 * 4  # one float32 logits tensor
+
+
+def test_run_case_fixes_the_allocator_threshold_in_the_child(monkeypatch):
+    """The child's peak memory must not depend on what glibc kept from earlier calls (see bench)."""
+    import subprocess
+
+    seen = {}
+
+    def fake_run(cmd, **kwargs):
+        seen.update(kwargs["env"])
+        line = '{"times": [1.0], "peak_bytes": 0, "input_bytes": 1024}'
+        return subprocess.CompletedProcess(cmd, 0, stdout=line + "\n", stderr="")
+
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "1")  # a caller's own value does not leak through
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    bench.run_case("ours", (1, 4, 64), "float32", repeats=1)
+    assert seen["MALLOC_MMAP_THRESHOLD_"] == str(bench.MMAP_THRESHOLD)
+    # below a chunk buffer, so that every chunk-sized block is mapped and unmapped, never kept
+    assert bench.MMAP_THRESHOLD < CHUNK_BYTES
 
 
 @pytest.mark.parametrize(
