@@ -29,7 +29,7 @@ module                what it holds                                         sect
                       per family of figures
 ``bench``             memory/time benchmark of the log-prob kernels         12
 ``bench_simulation``  the vectorised §10 model against a scalar loop        12
-``display``           shows the package's own source on a page              all
+``display``           source listings; ``glue``/``glued``: prose numbers    all
 ====================  ====================================================  ========
 
 Shape vocabulary used in every docstring: ``B`` batch, ``T`` tokens (positions), ``V`` vocabulary,
