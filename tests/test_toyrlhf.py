@@ -382,3 +382,12 @@ def test_section_11_figures_read_the_real_results(task: toy.ToyTask) -> None:
     assert any(len(y) == len(run.kl) and np.allclose(y, run.kl) for y in drawn)
     np.testing.assert_allclose(run.penalized_proxy, run.proxy - 1.0 * run.kl)
     plt.close("all")
+
+
+def test_the_fixed_beta_sweep_is_one_constant(capsys):
+    """The CLI's default sweep is toy.FIXED_BETAS, the sweep sections 1 and 11 run."""
+    assert toy.FIXED_BETAS == tuple(sorted(toy.FIXED_BETAS, reverse=True))
+    assert all(b > 0 for b in toy.FIXED_BETAS) and len(set(toy.FIXED_BETAS)) == len(toy.FIXED_BETAS)
+    with pytest.raises(SystemExit):
+        toy.main(["--help"])
+    assert "default: the book's sweep, 1 0.5 0.3 0.2 0.15 0.1)" in " ".join(capsys.readouterr().out.split())

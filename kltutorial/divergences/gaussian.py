@@ -28,13 +28,17 @@ __all__ = [
     "fit_forward_kl",
     "fit_reverse_kl",
     "kl_profile",
+    "GRID_POINTS",
+    "GRID_HALF_WIDTH",
 ]
 
 # The fixed quadrature grid, in standard deviations of the distribution integrated over: 4001 points on
 # [-12, 12] (spacing 0.006). Gauss-Hermite with a few dozen nodes is exact for polynomials but ripples on
 # the log-density of a mixture, whose bend between components is narrow: it made spurious local minima.
-_N_POINTS = 4001
-_GRID_HALF_WIDTH = 12.0
+#: Points of the fixed quadrature grid (the default ``n_points`` of the quadrature and the fits).
+GRID_POINTS = 4001
+#: Half-width of the grid, in standard deviations of the distribution integrated over.
+GRID_HALF_WIDTH = 12.0
 
 
 def _as_floats(values: object, name: str) -> tuple[float, ...]:
@@ -213,7 +217,7 @@ def _normal_grid(n_points: int) -> tuple[np.ndarray, np.ndarray]:
     log-density of a mixture, which bends sharply where one component takes over from another, is
     resolved for components down to a width of about :math:`0.05\,\sigma`.
     """
-    z = np.linspace(-_GRID_HALF_WIDTH, _GRID_HALF_WIDTH, n_points)
+    z = np.linspace(-GRID_HALF_WIDTH, GRID_HALF_WIDTH, n_points)
     h = z[1] - z[0]
     return z, h * np.exp(-0.5 * z**2) / math.sqrt(2 * math.pi)
 
@@ -230,7 +234,7 @@ def _kl_quadrature(p: GaussianMixture, q: GaussianMixture, n_points: int) -> flo
 
 
 def kl_quadrature(
-    p: Gaussian | GaussianMixture, q: Gaussian | GaussianMixture, n_points: int = _N_POINTS
+    p: Gaussian | GaussianMixture, q: Gaussian | GaussianMixture, n_points: int = GRID_POINTS
 ) -> float:
     r""":math:`\mathrm{KL}(p \| q) = \sum_k w_k\, \mathbb{E}_{x \sim \mathcal{N}(\mu_k, \sigma_k^2)}
     [\log p(x) - \log q(x)]`, each expectation by the trapezoid rule on a fixed grid.
@@ -347,7 +351,7 @@ def _minimise_reverse(p: GaussianMixture, mean: float, std: float, fit_mean: boo
     return float(m.detach()), float(torch.exp(s.detach()))
 
 
-def fit_reverse_kl(p: Gaussian | GaussianMixture, init: Gaussian, n_points: int = _N_POINTS,
+def fit_reverse_kl(p: Gaussian | GaussianMixture, init: Gaussian, n_points: int = GRID_POINTS,
                    tol: float = 1e-10) -> Gaussian:
     r"""A Gaussian :math:`q` at a local minimum of the reverse KL, :math:`\mathrm{KL}(q \| p)`, found by
     optimisation from ``init``.
@@ -399,7 +403,7 @@ def fit_reverse_kl(p: Gaussian | GaussianMixture, init: Gaussian, n_points: int 
 
 
 def kl_profile(p: Gaussian | GaussianMixture, means: object, direction: str, n_stds: int = 200,
-               n_points: int = _N_POINTS) -> tuple[np.ndarray, np.ndarray]:
+               n_points: int = GRID_POINTS) -> tuple[np.ndarray, np.ndarray]:
     r"""Each KL between :math:`p` and the Gaussian :math:`q = \mathcal{N}(\mu, \sigma^2)` as a function of
     :math:`\mu`, with :math:`\sigma` chosen best for each :math:`\mu`.
 

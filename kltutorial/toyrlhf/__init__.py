@@ -32,7 +32,7 @@ True
 """
 
 from .cli import main
-from .config import TaskConfig, TrainConfig
+from .config import FIXED_BETAS, TaskConfig, TrainConfig
 from .task import (
     BANG,
     HAS_BANG,
@@ -49,6 +49,7 @@ from .task import (
 from .trainer import TrainResult, train_policy
 
 __all__ = [
+    "FIXED_BETAS",
     "VOCAB",
     "BANG",
     "LENGTH",

@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from .. import sequences as seq
-from .config import TaskConfig, TrainConfig
+from .config import FIXED_BETAS, TaskConfig, TrainConfig
 from .task import make_task
 from .trainer import train_policy
 
@@ -39,8 +39,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
                         help=f"sequences per step (default {TrainConfig.batch_size})")
     parser.add_argument("--lr", type=float, default=TrainConfig.lr,
                         help=f"Adam learning rate (default {TrainConfig.lr})")
-    parser.add_argument("--betas", type=float, nargs="+", default=[1.0, 0.5, 0.3, 0.2, 0.15, 0.1],
-                        help="KL coefficients to train (default 1 0.5 0.3 0.2 0.15 0.1)")
+    parser.add_argument("--betas", type=float, nargs="+", default=list(FIXED_BETAS),
+                        help="KL coefficients to train (default: the book's sweep, "
+                             + " ".join(f"{b:g}" for b in FIXED_BETAS) + ")")
     args = parser.parse_args(argv)
     if args.seed < 0:
         parser.error(f"--seed must be >= 0 (it seeds NumPy and torch generators), got {args.seed}")

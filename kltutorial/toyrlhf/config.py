@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TaskConfig", "TrainConfig"]
+__all__ = ["FIXED_BETAS", "TaskConfig", "TrainConfig"]
 
 
 def _check(
@@ -38,6 +38,10 @@ def _check(
     else:
         rule = f"lie in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
     raise ValueError(f"{where} must {rule}, got {value!r}: {hint}")
+
+
+#: The fixed β of the book's sweep (section 11) and of ``python -m kltutorial.toyrlhf``, largest first.
+FIXED_BETAS: tuple[float, ...] = (1.0, 0.5, 0.3, 0.2, 0.15, 0.1)
 
 
 @dataclass(frozen=True)
