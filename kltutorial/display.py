@@ -123,6 +123,7 @@ class GluedValues:
         return f"GluedValues({', '.join(names)})" if names else "GluedValues()"
 
 
+#: The values this kernel glued, as attributes: what the prose's ``{eval}`` expressions read.
 glued = GluedValues()
 
 

@@ -258,3 +258,12 @@ def test_no_stale_figure_files() -> None:
                for m in SAVE_FIGURE.finditer(cell.source)}
     stale = sorted(p.name for p in FIGURES.glob("*") if p.stem not in written or p.suffix != ".png")
     assert not stale, f"book/images/figures/ holds files no notebook writes: {stale}"
+
+
+def test_each_value_is_glued_once(notebook: tuple[str, nbformat.NotebookNode]) -> None:
+    """myst-nb keeps one value per key: a second glue of the same key is a build warning."""
+    name, nb = notebook
+    keys = [output.get("metadata", {}).get("scrapbook", {}).get("name")
+            for _, cell in _code_cells(nb) for output in cell.get("outputs", [])]
+    repeated = sorted({k for k in keys if k is not None and keys.count(k) > 1})
+    assert not repeated, f"{name}: glued more than once: {repeated}"
