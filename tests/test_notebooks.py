@@ -267,3 +267,13 @@ def test_each_value_is_glued_once(notebook: tuple[str, nbformat.NotebookNode]) -
             for _, cell in _code_cells(nb) for output in cell.get("outputs", [])]
     repeated = sorted({k for k in keys if k is not None and keys.count(k) > 1})
     assert not repeated, f"{name}: glued more than once: {repeated}"
+
+
+def test_no_cell_shows_a_picture_of_its_own(notebook: tuple[str, nbformat.NotebookNode]) -> None:
+    """A picture reaches the page only as a numbered {figure}: a cell's own image output would be an
+    unnumbered, uncaptioned copy (the cell that draws a figure saves and closes it)."""
+    name, nb = notebook
+    images = [index for index, cell in _code_cells(nb) for output in cell.get("outputs", [])
+              if not output.get("metadata", {}).get("scrapbook")
+              and any(mime.startswith("image/") for mime in output.get("data", {}))]
+    assert not images, f"{name}: code cells {images} show an image; save and close the figure instead"
