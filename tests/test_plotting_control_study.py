@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from kltutorial.control_study import StepMetrics, measure_step, simulate_step_response
 from kltutorial.controllers import AdaptiveKLController, DoublingKLController
 from kltutorial.plotting.control_study import plot_gain_sweep, plot_rules_on_plant, plot_step_response
+from kltutorial.plotting.style import use_style
 from kltutorial.simulate import simulate_training_with_controller
 
 
@@ -16,6 +18,14 @@ from kltutorial.simulate import simulate_training_with_controller
 def _close_figures():
     yield
     plt.close("all")
+
+
+@pytest.fixture
+def house_style():
+    """The book's rcParams (constrained layout above all) for one test, restored after it."""
+    with mpl.rc_context():
+        use_style()
+        yield
 
 
 def _response():
@@ -83,3 +93,71 @@ def test_rules_on_plant_shades_window_and_checks_targets():
 def test_bad_inputs(call, error):
     with pytest.raises(error):
         call()
+
+
+def _notebook_like_sweep():
+    # the gains, marks and critical gain of §7's figure: the smallest batch's line is near the critical one
+    gains = np.array([0.002, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 4.0, 5.0, 6.0, 8.0, 20.0])
+    metrics = StepMetrics(rise_time=np.geomspace(1500.0, 2.0, gains.size),
+                          overshoot=np.array([0, 0, 0.05, 0.2, 0.3, 0.45, 0.47, 0.4, 0.48, 1.9, 1.95, 1.95]),
+                          settling_time=np.array([1500, 700, 300, 150, 140, 140, 150, 150, 240, np.nan,
+                                                  np.nan, np.nan]))
+    on_target = np.array([0.81] * 8 + [0.7, 0.3, 0.09, 0.07])
+    marks = {"batch 64": 0.0064, "batch 512": 0.0512, "batch 2,048": 0.2048, "g = 5": 5.0}
+    return plot_gain_sweep(gains, metrics, on_target, critical=0.0089, marks=marks), marks
+
+
+def test_gain_sweep_labels_are_readable_and_clear_of_the_lines(house_style):
+    axes, marks = _notebook_like_sweep()
+    ax_o = axes[0]
+    fig = ax_o.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    labels = {t.get_text(): t for t in ax_o.texts}
+    assert set(labels) == set(marks)
+    tick_size = min(t.get_fontsize() for t in ax_o.get_xticklabels() + ax_o.get_yticklabels())
+    assert tick_size >= 10
+    # every vertical line of the panel (the critical gain and the marks), in pixels
+    line_x = [ax_o.transData.transform((float(np.asarray(ln.get_xdata())[0]), 0))[0]
+              for ln in ax_o.lines if ln.get_linestyle() in ("--", ":")]
+    assert len(line_x) == 1 + len(marks)
+    boxes = {}
+    for name, g in marks.items():
+        text = labels[name]
+        assert text.get_fontsize() >= tick_size
+        box = text.get_window_extent(renderer)
+        boxes[name] = box
+        x = ax_o.transData.transform((g, 0))[0]
+        assert box.x1 <= x - 2  # left of its own line, with a gap
+        assert not any(box.x0 - 1 <= lx <= box.x1 + 1 for lx in line_x)  # on no line at all
+        assert ax_o.bbox.y0 <= box.y0 and box.y1 <= ax_o.bbox.y1  # inside the panel
+        # above the overshoot curve everywhere under the label
+        (curve,) = [ln for ln in ax_o.lines if ln.get_linestyle() == "-"]
+        pts = ax_o.transData.transform(np.column_stack([curve.get_xdata(), curve.get_ydata()]))
+        under = (pts[:, 0] >= box.x0) & (pts[:, 0] <= box.x1)
+        assert np.all(pts[under, 1] < box.y0)
+    names = list(boxes)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not boxes[a].overlaps(boxes[b])
+
+
+def test_gain_sweep_legends_and_axis_labels(house_style):
+    axes, _ = _notebook_like_sweep()
+    ax_o, ax_t, ax_s = axes
+    fig = ax_o.figure
+    # the on-target axis names its unit once
+    assert ax_s.get_ylabel().count("%") == 1 and "(%)" in ax_s.get_ylabel()
+    assert "10 %" in ax_s.get_title()
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    times = ax_t.get_legend().get_window_extent(renderer)
+    assert times.y1 <= ax_t.xaxis.get_tightbbox(renderer).y0 + 1e-6  # under the panel: on no curve
+    (shared,) = fig.legends
+    shared_box = shared.get_window_extent(renderer)
+    assert not shared_box.overlaps(times) and shared_box.y1 <= times.y0 + 1e-6
+    for ax in axes:
+        assert not shared_box.overlaps(ax.get_tightbbox(renderer))
+    for legend in (ax_t.get_legend(), shared):
+        assert min(t.get_fontsize() for t in legend.get_texts()) >= 9
+    assert fig.bbox.y0 <= shared_box.y0

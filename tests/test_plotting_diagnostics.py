@@ -8,19 +8,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
 from kltutorial.diagnostics import detect_spikes
 from kltutorial.plotting import diagnostics as pd
-from kltutorial.plotting.style import FIG_WIDTH
+from kltutorial.plotting.style import FIG_WIDTH, use_style
 
 
 @pytest.fixture(autouse=True)
 def _close_figures():
     yield
     plt.close("all")
+
+
+@pytest.fixture
+def house_style():
+    """The book's rcParams (constrained layout above all) for one test, restored after it."""
+    with mpl.rc_context():
+        use_style()
+        yield
 
 
 @dataclass(frozen=True)
@@ -110,3 +119,36 @@ def test_spike_log_gap_panel():
     np.testing.assert_array_equal(line.get_ydata(), gap)
     assert "nats" in axes[1].get_ylabel() and axes[1].get_xlabel() == "step"
     assert axes[0].figure.get_size_inches()[0] == pytest.approx(FIG_WIDTH)
+
+
+def test_spike_log_legends_stay_off_the_data(house_style):
+    # The series' legend sits above its panel, where the band cannot reach (it leaves the panel at a
+    # change of level); the gap's legend under its panel's x label.
+    report, naive = _report()
+    gap = np.zeros(40)
+    gap[25] = 2.0
+    axes = pd.plot_spike_log(report, exact=np.ones(40), compare=naive, gap=gap, gap_se=np.full(40, 0.1))
+    fig = axes[0].figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    top = axes[0].get_legend().get_window_extent(renderer)
+    assert top.y0 >= axes[0].bbox.y1 - 1e-6
+    (band,) = axes[0].collections
+    assert not top.overlaps(band.get_window_extent(renderer))
+    bottom = axes[1].get_legend().get_window_extent(renderer)
+    assert bottom.y1 <= axes[1].xaxis.get_tightbbox(renderer).y0 + 1e-6
+    for legend in (top, bottom):  # inside the figure
+        assert fig.bbox.x0 <= legend.x0 and legend.x1 <= fig.bbox.x1
+        assert fig.bbox.y0 <= legend.y0 and legend.y1 <= fig.bbox.y1
+    # no room kept inside the panel for a legend: the data fill most of the height
+    lo, hi = axes[0].get_ylim()
+    span = report.values.max() - report.values.min()
+    assert hi - lo < 1.5 * span
+
+
+def test_spike_log_single_panel_legend_above(house_style):
+    report, _ = _report()
+    (ax,) = pd.plot_spike_log(report)
+    ax.figure.canvas.draw()
+    legend = ax.get_legend().get_window_extent(ax.figure.canvas.get_renderer())
+    assert legend.y0 >= ax.bbox.y1 - 1e-6 and legend.y1 <= ax.figure.bbox.y1

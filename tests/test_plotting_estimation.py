@@ -3,6 +3,7 @@ draw, and their bad inputs."""
 
 from __future__ import annotations
 
+import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from matplotlib.patches import Polygon, Rectangle
 
 from kltutorial.estimation import estimator_samples, sample_gaussian_pair
 from kltutorial.plotting.estimation import plot_estimator_distributions, plot_kl_convergence
+from kltutorial.plotting.style import use_style
 from kltutorial.sequences.estimates import monte_carlo_convergence
 
 
@@ -18,6 +20,14 @@ from kltutorial.sequences.estimates import monte_carlo_convergence
 def _close_figures():
     yield
     plt.close("all")
+
+
+@pytest.fixture
+def house_style():
+    """The book's rcParams (constrained layout above all) for one test, restored after it."""
+    with mpl.rc_context():
+        use_style()
+        yield
 
 
 def _runs() -> dict:
@@ -109,3 +119,22 @@ def test_distributions_figure_bad_input() -> None:
     fig, ax = plt.subplots()
     with pytest.raises(ValueError, match="axes"):
         plot_estimator_distributions(_panels(), axes=ax)
+
+
+def test_convergence_legends_sit_under_their_panels(house_style) -> None:
+    # Each legend lies under its panel's tick labels and x label, so it covers no band, line or marker.
+    axes = plot_kl_convergence(_runs())
+    fig = axes[0].figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    figure_box = fig.bbox
+    for ax in axes:
+        legend = ax.get_legend().get_window_extent(renderer)
+        assert legend.y1 <= ax.xaxis.get_tightbbox(renderer).y0 + 1e-6
+        assert legend.y1 < ax.bbox.y0
+        for artist in (*ax.collections, *ax.lines):  # the bands and the markers
+            assert not legend.overlaps(artist.get_window_extent(renderer))
+        assert legend.y0 >= figure_box.y0 and legend.x0 >= figure_box.x0 and legend.x1 <= figure_box.x1
+    # the two legends stay apart
+    left, right = (ax.get_legend().get_window_extent(renderer) for ax in axes)
+    assert not left.overlaps(right)

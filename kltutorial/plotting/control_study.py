@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.layout_engine import ConstrainedLayoutEngine
-from matplotlib.transforms import blended_transform_factory
+from matplotlib.transforms import ScaledTranslation, blended_transform_factory, offset_copy
 
 from ..control_study import StepMetrics, StepResponse
 from .style import (
@@ -30,6 +30,9 @@ from .style import (
 
 __all__ = ["plot_step_response", "plot_gain_sweep", "plot_rules_on_plant"]
 
+MARK_LABEL_SIZE = 10.0  #: Font size (pt) of the names of marked gains: the house tick size.
+MARK_LABEL_GAP_PT = 3.0  #: Gap (pt) between a marked gain's line and its name, and below the panel's top.
+
 
 def _check_names(names: object, k: int, what: str) -> list[str]:
     if isinstance(names, str) or not isinstance(names, Sequence) or len(names) != k:
@@ -41,6 +44,18 @@ def _below(ax: Axes) -> str:
     """Where a figure legend goes under the panels: outside them when the layout can make room."""
     return "outside lower center" if isinstance(ax.figure.get_layout_engine(), ConstrainedLayoutEngine) \
         else "lower center"
+
+
+def _under_axis(ax: Axes) -> dict[str, Any]:
+    """Legend placement under ``ax``, just below its tick labels and x label (the legend's own padding apart).
+
+    The drop is measured on the axis as drawn and is in points, so it holds whatever height the layout
+    gives the axes; constrained layout makes room.
+    """
+    axis = ax.xaxis.get_tightbbox()  # tick labels and x label, in pixels (None if the axis is hidden)
+    below = 0.0 if axis is None else ax.bbox.y0 - axis.y0  # from the axes' bottom edge
+    offset = ScaledTranslation(0.0, -max(below, 0.0) / ax.figure.dpi, ax.figure.dpi_scale_trans)
+    return {"loc": "upper center", "bbox_to_anchor": (0.5, 0.0), "bbox_transform": ax.transAxes + offset}
 
 
 def _series(ax: Axes, y: np.ndarray, i: int, name: str, band: tuple[float, float], every: int) -> None:
@@ -137,7 +152,7 @@ def plot_gain_sweep(
     on_target = np.asarray(on_target, dtype=float)
     if on_target.shape != gains.shape:
         raise ValueError(f"on_target: expected shape {gains.shape}, got {on_target.shape}")
-    ax_o, ax_t, ax_s = new_axes_grid(axes, 1, 3, figsize=fig_size(3.4), sharex=True)
+    ax_o, ax_t, ax_s = new_axes_grid(axes, 1, 3, figsize=fig_size(4.1), sharex=True)
     ax_o.plot(gains, 100 * metrics.overshoot, **series_style(0))
     ax_o.set_ylabel("overshoot (% of the step)")
     ax_o.set_title("overshoot")
@@ -152,11 +167,10 @@ def plot_gain_sweep(
     ax_t.set_yscale("log")
     ax_t.set_ylabel("steps after the change")
     ax_t.set_title("rise and settling time")
-    ax_t.legend(fontsize=8, loc="lower left")
     ax_s.plot(gains, 100 * on_target, **series_style(2))
     ax_s.set_ylim(0, 100)
-    ax_s.set_ylabel("late steps within 10 % (%)")
-    ax_s.set_title("on target, with noise")
+    ax_s.set_ylabel("late steps on target (%)")
+    ax_s.set_title("within 10 %, noisy")
     for ax in (ax_o, ax_t, ax_s):
         ax.set_xscale("log")
         ax.set_xlabel("gain n / H")
@@ -165,13 +179,19 @@ def plot_gain_sweep(
         for j, g in enumerate((marks or {}).values()):
             ax.axvline(g, color=REFERENCE_COLOR, linestyle=":", linewidth=1.0, alpha=0.8,
                        label="marked gains (named in the left panel)" if ax is ax_o and j == 0 else None)
-    # Each marked gain is named next to its line, at the top of the overshoot panel.
-    top = blended_transform_factory(ax_o.transData, ax_o.transAxes)
+    # Each marked gain is named beside its line (a few points to its left, clear of the line and of the
+    # critical gain's line just right of the smallest batch), at the top of the overshoot panel, at the
+    # house tick size: the overshoot is low left of its jump, so the top of the panel is free there.
+    top = offset_copy(blended_transform_factory(ax_o.transData, ax_o.transAxes), fig=ax_o.figure,
+                      x=-MARK_LABEL_GAP_PT, y=-MARK_LABEL_GAP_PT, units="points")
     for name, g in (marks or {}).items():
-        ax_o.text(g, 0.97, f" {name}", transform=top, rotation=90, va="top", ha="right", fontsize=7,
-                  color=REFERENCE_COLOR)
+        ax_o.text(g, 1.0, name, transform=top, rotation=90, va="top", ha="right",
+                  fontsize=MARK_LABEL_SIZE, color=REFERENCE_COLOR)
+    # The times' legend under their panel (no corner inside is sure to miss the curves and the marked
+    # gains' lines), the shared one under all three.
+    ax_t.legend(**_under_axis(ax_t))
     handles, labels = ax_o.get_legend_handles_labels()
-    ax_o.figure.legend(handles, labels, loc=_below(ax_o), ncol=2, fontsize=8)
+    ax_o.figure.legend(handles, labels, loc=_below(ax_o), ncol=2)
     return np.array([ax_o, ax_t, ax_s], dtype=object)
 
 

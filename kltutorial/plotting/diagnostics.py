@@ -16,7 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.colors import Normalize
+from matplotlib.transforms import ScaledTranslation
 
 from .style import PALETTE, REFERENCE_COLOR, ZONE_COLOR, fig_size, new_axes_grid
 
@@ -41,6 +43,18 @@ def _heatmap(ax: Any, values: np.ndarray, tokens: np.ndarray, vocab: Sequence[st
     ax.xaxis.set_label_position("top")
     ax.set_xlabel("position t")
     ax.grid(False)
+
+
+def _under_axis(ax: Axes) -> dict[str, Any]:
+    """Legend placement under ``ax``, just below its tick labels and x label (the legend's own padding apart).
+
+    The drop is measured on the axis as drawn and is in points, so it holds whatever height the layout
+    gives the axes; constrained layout makes room.
+    """
+    axis = ax.xaxis.get_tightbbox()  # tick labels and x label, in pixels (None if the axis is hidden)
+    below = 0.0 if axis is None else ax.bbox.y0 - axis.y0  # from the axes' bottom edge
+    offset = ScaledTranslation(0.0, -max(below, 0.0) / ax.figure.dpi, ax.figure.dpi_scale_trans)
+    return {"loc": "upper center", "bbox_to_anchor": (0.5, 0.0), "bbox_transform": ax.transAxes + offset}
 
 
 def plot_token_kl_heatmap(
@@ -110,9 +124,10 @@ def plot_spike_log(
     """A logged KL series and its spikes (§12), with the k1 - k3 gap of every step below it.
 
     Top: the series, its rolling median, the band ``median ± threshold * scale`` that a step must leave
-    to be flagged, the flagged steps, and optionally the exact KL and the steps another detector flags.
+    to be flagged, the flagged steps, and optionally the exact KL and the steps another detector flags;
+    its legend sits above the panel, clear of the band (which leaves the panel at a change of level).
     Bottom (when ``gap`` is given): k1 - k3 per step with a band of ``± gap_band * gap_se``; on tokens
-    sampled from the policy the gap is 0 in expectation.
+    sampled from the policy the gap is 0 in expectation; its legend sits under the panel.
 
     Parameters
     ----------
@@ -137,7 +152,7 @@ def plot_spike_log(
     values = np.asarray(report.values, dtype=float)
     steps = np.arange(values.size)
     rows = 1 if gap is None else 2
-    flat = new_axes_grid(axes, rows, 1, figsize=fig_size(3.4 if rows == 1 else 5.2), sharex=True,
+    flat = new_axes_grid(axes, rows, 1, figsize=fig_size(3.9 if rows == 1 else 5.6), sharex=True,
                          **({} if rows == 1 else {"gridspec_kw": {"height_ratios": [2.2, 1]}}))
     ax = flat[0]
     lo = report.median - report.threshold * report.scale
@@ -160,12 +175,14 @@ def plot_spike_log(
                 label="flagged (mean and standard deviation)")
     ax.set_ylabel(ylabel)
     # the band is as wide as the window's spread, which is huge while the window straddles a change of
-    # level: scale the axis to the data, and leave the top for the legend
+    # level (it leaves the panel there): scale the axis to the data
     shown = values if exact is None else np.concatenate([values, np.asarray(exact, dtype=float)])
     lo_y, hi_y = float(shown.min()), float(shown.max())
     span = max(hi_y - lo_y, 1e-9)
-    ax.set_ylim(lo_y - 0.1 * span, hi_y + 0.75 * span)
-    ax.legend(loc="upper left", fontsize=8.5, ncol=2)
+    ax.set_ylim(lo_y - 0.1 * span, hi_y + 0.3 * span)
+    # no corner of the panel is sure to be free (the band reaches the top at a change of level): the
+    # legend goes above the panel, in two columns; constrained layout makes room for it
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2)
     if gap is not None:
         gx = flat[1]
         g = np.asarray(gap, dtype=float)
@@ -176,6 +193,7 @@ def plot_spike_log(
         gx.axhline(0.0, color=REFERENCE_COLOR, linewidth=0.8)
         gx.plot(steps, g, color=PALETTE[0], linewidth=1.0, label="k1 − k3")
         gx.set_ylabel("k1 − k3 (nats)")
-        gx.legend(loc="upper left", fontsize=8.5, ncol=2)
     flat[-1].set_xlabel("step")
+    if gap is not None:  # under the panel (after its x label, which it clears): the band may fill it
+        gx.legend(ncol=2, **_under_axis(gx))
     return flat

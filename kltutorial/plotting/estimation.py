@@ -16,8 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.transforms import ScaledTranslation
 
 from .style import (
     REFERENCE_COLOR,
@@ -44,6 +46,18 @@ def _normal_quantile(q: float) -> float:
     return 0.5 * (lo + hi)
 
 
+def _under_axis(ax: Axes) -> dict[str, Any]:
+    """Legend placement under ``ax``, just below its tick labels and x label (the legend's own padding apart).
+
+    The drop is measured on the axis as drawn (log ticks with exponents are taller than plain ones) and
+    is in points, so it holds whatever height the layout gives the axes; constrained layout makes room.
+    """
+    axis = ax.xaxis.get_tightbbox()  # tick labels and x label, in pixels (None if the axis is hidden)
+    below = 0.0 if axis is None else ax.bbox.y0 - axis.y0  # from the axes' bottom edge
+    offset = ScaledTranslation(0.0, -max(below, 0.0) / ax.figure.dpi, ax.figure.dpi_scale_trans)
+    return {"loc": "upper center", "bbox_to_anchor": (0.5, 0.0), "bbox_transform": ax.transAxes + offset}
+
+
 def plot_kl_convergence(
     runs: Mapping[str, Any],
     *,
@@ -56,7 +70,7 @@ def plot_kl_convergence(
     exact value as a line, and thin dotted lines at the same quantiles of the normal distribution the
     CLT predicts, :math:`\\mathrm{KL} + z_q\\,\\sigma/\\sqrt{n}`. Right: the median over runs of each run's
     own standard error, markers, against :math:`\\sigma/\\sqrt{n}`, lines; both axes logarithmic, so each
-    is a straight line of slope -1/2.
+    is a straight line of slope -1/2. Each panel's legend sits under it, clear of the bands and markers.
 
     Parameters
     ----------
@@ -84,7 +98,7 @@ def plot_kl_convergence(
                 f"{run.exact_mean} against {exact}"
             )
     z_lo, z_hi = _normal_quantile(lo), _normal_quantile(hi)
-    ax_est, ax_se = new_axes_grid(axes, 1, 2, figsize=fig_size(3.6))
+    ax_est, ax_se = new_axes_grid(axes, 1, 2, figsize=fig_size(4.5))
     for i, (name, run) in enumerate(runs.items()):
         style = series_style(i)
         n = np.asarray(run.sample_counts, dtype=float)
@@ -97,10 +111,6 @@ def plot_kl_convergence(
                    marker=style["marker"], label=name)
         ax_se.plot(n, clt, color=style["color"], linestyle=style["linestyle"], linewidth=1.2)
     ax_est.axhline(exact, color=REFERENCE_COLOR, linestyle="--", linewidth=1.2, label="exact KL")
-    handles, labels = ax_est.get_legend_handles_labels()
-    handles.append(Line2D([], [], color=REFERENCE_COLOR, linestyle=":", linewidth=1.0))
-    labels.append(f"CLT: {lo:.0%}–{hi:.0%} of runs")
-    ax_est.legend(handles, labels, loc="lower right")
     ax_est.set_xscale("log")
     ax_est.set_xlabel("sampled sequences n")
     ax_est.set_ylabel("estimate of KL (nats)")
@@ -110,9 +120,16 @@ def plot_kl_convergence(
     ax_se.set_xlabel("sampled sequences n")
     ax_se.set_ylabel("standard error (nats)")
     ax_se.set_title("its standard error")
+    # The bands fill the left panel at small n and the markers run corner to corner on the right, so
+    # no corner inside is free: each legend goes under its panel (placed after the axis labels, whose
+    # height it clears).
+    handles, labels = ax_est.get_legend_handles_labels()
+    handles.append(Line2D([], [], color=REFERENCE_COLOR, linestyle=":", linewidth=1.0))
+    labels.append(f"CLT: {lo:.0%}–{hi:.0%} of runs")
+    ax_est.legend(handles, labels, **_under_axis(ax_est))
     key = [Line2D([], [], color=REFERENCE_COLOR, linestyle="none", marker="o"),
            Line2D([], [], color=REFERENCE_COLOR, linestyle="-", linewidth=1.2)]
-    ax_se.legend(key, ["each run's own (median of runs)", "σ/√n, exact σ"], loc="lower left")
+    ax_se.legend(key, ["each run's own (median of runs)", "σ/√n, exact σ"], **_under_axis(ax_se))
     return np.array([ax_est, ax_se], dtype=object)
 
 
