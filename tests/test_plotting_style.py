@@ -136,3 +136,22 @@ def test_save_figure_refuses_bad_arguments(args, error, message) -> None:
     with pytest.raises(error, match=message):
         plotting.save_figure(*args)
     plt.close(fig)
+
+
+def test_legend_below_sits_under_the_tick_labels_and_x_label() -> None:
+    import matplotlib.pyplot as plt
+
+    plotting.use_style()
+    fig, ax = plt.subplots(figsize=plotting.fig_size(3.0))
+    ax.plot([1, 10, 100], [1, 2, 3], label="a series")
+    ax.set_xscale("log")
+    ax.set_xlabel("samples")
+    fig.canvas.draw()
+    legend = ax.legend(**plotting.legend_below(ax))
+    fig.canvas.draw()
+    box, axis = legend.get_window_extent(), ax.xaxis.get_tightbbox()
+    assert box.y1 <= axis.y0 + 1  # under the x label, not over the data
+    assert box.x0 >= 0 and box.y0 >= 0  # and inside the figure (constrained layout made room)
+    with pytest.raises(TypeError, match="ax must be a matplotlib Axes, got Figure"):
+        plotting.legend_below(fig)
+    plt.close(fig)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.layout_engine import ConstrainedLayoutEngine
-from matplotlib.transforms import ScaledTranslation, blended_transform_factory, offset_copy
+from matplotlib.transforms import blended_transform_factory, offset_copy
 
 from ..control_study import StepMetrics, StepResponse
 from .style import (
@@ -22,6 +22,7 @@ from .style import (
     ZONE_COLOR,
     check_quantiles,
     fig_size,
+    legend_below,
     log_beta_axis,
     new_axes_grid,
     plot_median_band,
@@ -46,16 +47,6 @@ def _below(ax: Axes) -> str:
         else "lower center"
 
 
-def _under_axis(ax: Axes) -> dict[str, Any]:
-    """Legend placement under ``ax``, just below its tick labels and x label (the legend's own padding apart).
-
-    The drop is measured on the axis as drawn and is in points, so it holds whatever height the layout
-    gives the axes; constrained layout makes room.
-    """
-    axis = ax.xaxis.get_tightbbox()  # tick labels and x label, in pixels (None if the axis is hidden)
-    below = 0.0 if axis is None else ax.bbox.y0 - axis.y0  # from the axes' bottom edge
-    offset = ScaledTranslation(0.0, -max(below, 0.0) / ax.figure.dpi, ax.figure.dpi_scale_trans)
-    return {"loc": "upper center", "bbox_to_anchor": (0.5, 0.0), "bbox_transform": ax.transAxes + offset}
 
 
 def _series(ax: Axes, y: np.ndarray, i: int, name: str, band: tuple[float, float], every: int) -> None:
@@ -189,7 +180,7 @@ def plot_gain_sweep(
                   fontsize=MARK_LABEL_SIZE, color=REFERENCE_COLOR)
     # The times' legend under their panel (no corner inside is sure to miss the curves and the marked
     # gains' lines), the shared one under all three.
-    ax_t.legend(**_under_axis(ax_t))
+    ax_t.legend(**legend_below(ax_t))
     handles, labels = ax_o.get_legend_handles_labels()
     ax_o.figure.legend(handles, labels, loc=_below(ax_o), ncol=2)
     return np.array([ax_o, ax_t, ax_s], dtype=object)

@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.layout_engine import ConstrainedLayoutEngine
-from matplotlib.transforms import ScaledTranslation
 
 from .style import (
     REFERENCE_COLOR,
     ZONE_COLOR,
     check_quantiles,
     fig_size,
+    legend_below,
     log_beta_axis,
     new_axes_grid,
     plot_median_band,
@@ -293,11 +293,6 @@ def _as_named_histories(histories: Any) -> dict[str, Any]:
     return named
 
 
-def _below(ax: Axes, drop_pt: float = 32.0) -> dict[str, Any]:
-    """Legend placement under ``ax``, ``drop_pt`` points below its bottom edge (clear of the
-    tick labels and the x label); constrained layout makes room for it."""
-    offset = ScaledTranslation(0.0, -drop_pt / 72.0, ax.figure.dpi_scale_trans)
-    return {"loc": "upper center", "bbox_to_anchor": (0.5, 0.0), "bbox_transform": ax.transAxes + offset}
 
 
 def plot_controller_dynamics(
@@ -349,9 +344,9 @@ def plot_controller_dynamics(
     # target, the β panel's the runs (drawn in the same styles on both panels).
     handles, labels = ax_kl.get_legend_handles_labels()
     reference = [(h, lab) for h, lab in zip(handles, labels, strict=True) if lab not in traces]
-    ax_kl.legend(*zip(*reference, strict=True), **_below(ax_kl))
+    ax_kl.legend(*zip(*reference, strict=True), **legend_below(ax_kl))
     if len(traces) > 1 or next(iter(traces)):
-        ax_beta.legend(**_below(ax_beta))
+        ax_beta.legend(**legend_below(ax_beta))
     if title:
         ax_kl.figure.suptitle(title)
     return np.array([ax_kl, ax_beta], dtype=object)

@@ -16,11 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from matplotlib.axes import Axes
 from matplotlib.colors import Normalize
-from matplotlib.transforms import ScaledTranslation
 
-from .style import PALETTE, REFERENCE_COLOR, ZONE_COLOR, fig_size, new_axes_grid
+from .style import PALETTE, REFERENCE_COLOR, ZONE_COLOR, fig_size, legend_below, new_axes_grid
 
 __all__ = ["HEATMAP_CMAP", "plot_token_kl_heatmap", "plot_spike_log"]
 
@@ -45,16 +43,6 @@ def _heatmap(ax: Any, values: np.ndarray, tokens: np.ndarray, vocab: Sequence[st
     ax.grid(False)
 
 
-def _under_axis(ax: Axes) -> dict[str, Any]:
-    """Legend placement under ``ax``, just below its tick labels and x label (the legend's own padding apart).
-
-    The drop is measured on the axis as drawn and is in points, so it holds whatever height the layout
-    gives the axes; constrained layout makes room.
-    """
-    axis = ax.xaxis.get_tightbbox()  # tick labels and x label, in pixels (None if the axis is hidden)
-    below = 0.0 if axis is None else ax.bbox.y0 - axis.y0  # from the axes' bottom edge
-    offset = ScaledTranslation(0.0, -max(below, 0.0) / ax.figure.dpi, ax.figure.dpi_scale_trans)
-    return {"loc": "upper center", "bbox_to_anchor": (0.5, 0.0), "bbox_transform": ax.transAxes + offset}
 
 
 def plot_token_kl_heatmap(
@@ -195,5 +183,5 @@ def plot_spike_log(
         gx.set_ylabel("k1 − k3 (nats)")
     flat[-1].set_xlabel("step")
     if gap is not None:  # under the panel (after its x label, which it clears): the band may fill it
-        gx.legend(ncol=2, **_under_axis(gx))
+        gx.legend(ncol=2, **legend_below(gx))
     return flat

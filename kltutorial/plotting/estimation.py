@@ -16,16 +16,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.transforms import ScaledTranslation
 
 from .style import (
     REFERENCE_COLOR,
     ZONE_COLOR,
     check_quantiles,
     fig_size,
+    legend_below,
     new_axes_grid,
     plot_median_band,
     series_style,
@@ -46,16 +45,6 @@ def _normal_quantile(q: float) -> float:
     return 0.5 * (lo + hi)
 
 
-def _under_axis(ax: Axes) -> dict[str, Any]:
-    """Legend placement under ``ax``, just below its tick labels and x label (the legend's own padding apart).
-
-    The drop is measured on the axis as drawn (log ticks with exponents are taller than plain ones) and
-    is in points, so it holds whatever height the layout gives the axes; constrained layout makes room.
-    """
-    axis = ax.xaxis.get_tightbbox()  # tick labels and x label, in pixels (None if the axis is hidden)
-    below = 0.0 if axis is None else ax.bbox.y0 - axis.y0  # from the axes' bottom edge
-    offset = ScaledTranslation(0.0, -max(below, 0.0) / ax.figure.dpi, ax.figure.dpi_scale_trans)
-    return {"loc": "upper center", "bbox_to_anchor": (0.5, 0.0), "bbox_transform": ax.transAxes + offset}
 
 
 def plot_kl_convergence(
@@ -126,10 +115,10 @@ def plot_kl_convergence(
     handles, labels = ax_est.get_legend_handles_labels()
     handles.append(Line2D([], [], color=REFERENCE_COLOR, linestyle=":", linewidth=1.0))
     labels.append(f"CLT: {lo:.0%}–{hi:.0%} of runs")
-    ax_est.legend(handles, labels, **_under_axis(ax_est))
+    ax_est.legend(handles, labels, **legend_below(ax_est))
     key = [Line2D([], [], color=REFERENCE_COLOR, linestyle="none", marker="o"),
            Line2D([], [], color=REFERENCE_COLOR, linestyle="-", linewidth=1.2)]
-    ax_se.legend(key, ["each run's own (median of runs)", "σ/√n, exact σ"], **_under_axis(ax_se))
+    ax_se.legend(key, ["each run's own (median of runs)", "σ/√n, exact σ"], **legend_below(ax_se))
     return np.array([ax_est, ax_se], dtype=object)
 
 

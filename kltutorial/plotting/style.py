@@ -30,6 +30,7 @@ from matplotlib.axes import Axes
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.transforms import ScaledTranslation
 
 __all__ = [
     "FIG_WIDTH",
@@ -49,6 +50,7 @@ __all__ = [
     "check_quantiles",
     "plot_median_band",
     "save_figure",
+    "legend_below",
 ]
 
 #: Width of every figure in inches, that of the book's text column. Every figure is drawn at the width
@@ -124,6 +126,22 @@ def save_figure(fig: Figure, name: str, folder: str | Path = FIGURE_FOLDER) -> P
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi="figure", bbox_inches="tight", metadata={"Software": None})
     return path
+
+
+def legend_below(ax: Axes) -> dict[str, Any]:
+    """Keyword arguments of ``legend`` that put it under ``ax``, just below its tick labels and x label.
+
+    The drop is measured on the axis as drawn (log ticks with exponents are taller than plain ones) and
+    is in points, so it holds whatever height the layout gives the axes; constrained layout makes room.
+    Use it as ``ax.legend(**legend_below(ax))`` once the axis is labelled, so that the legend never
+    covers the data.
+    """
+    if not isinstance(ax, Axes):
+        raise TypeError(f"ax must be a matplotlib Axes, got {type(ax).__name__}")
+    axis = ax.xaxis.get_tightbbox()  # tick labels and x label, in pixels (None if the axis is hidden)
+    below = 0.0 if axis is None else ax.bbox.y0 - axis.y0  # from the axes' bottom edge
+    offset = ScaledTranslation(0.0, -max(below, 0.0) / ax.figure.dpi, ax.figure.dpi_scale_trans)
+    return {"loc": "upper center", "bbox_to_anchor": (0.5, 0.0), "bbox_transform": ax.transAxes + offset}
 
 
 def use_style() -> None:
