@@ -277,3 +277,28 @@ def test_no_cell_shows_a_picture_of_its_own(notebook: tuple[str, nbformat.Notebo
               if not output.get("metadata", {}).get("scrapbook")
               and any(mime.startswith("image/") for mime in output.get("data", {}))]
     assert not images, f"{name}: code cells {images} show an image; save and close the figure instead"
+
+
+# The book's code column shows about 88 characters at 1400 px; a longer line scrolls sideways.
+MAX_SHOWN_WIDTH = 88
+HIDDEN_INPUT = {"remove-cell", "remove-input"}
+HIDDEN_OUTPUT = {"remove-cell", "remove-output"}
+
+
+def test_shown_code_and_printed_lines_fit_the_column(notebook: tuple[str, nbformat.NotebookNode]) -> None:
+    """Every line a reader sees in a code cell or its printed output fits the text column."""
+    name, nb = notebook
+    wide = []
+    for index, cell in _code_cells(nb):
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if not tags & HIDDEN_INPUT:
+            wide += [f"cell {index} code: {len(line)} chars: {line[:60]!r}"
+                     for line in cell.source.splitlines() if len(line) > MAX_SHOWN_WIDTH]
+        if not tags & HIDDEN_OUTPUT:
+            for output in cell.get("outputs", []):
+                if output.get("output_type") == "stream":
+                    wide += [f"cell {index} output: {len(line)} chars: {line[:60]!r}"
+                             for line in output.get("text", "").splitlines()
+                             if len(line) > MAX_SHOWN_WIDTH]
+    assert not wide, (f"{name}: lines wider than {MAX_SHOWN_WIDTH} characters scroll sideways:\n"
+                      + "\n".join(wide))
