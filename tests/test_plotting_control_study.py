@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
@@ -10,7 +9,6 @@ import pytest
 from kltutorial.control_study import StepMetrics, measure_step, simulate_step_response
 from kltutorial.controllers import AdaptiveKLController, DoublingKLController
 from kltutorial.plotting.control_study import plot_gain_sweep, plot_rules_on_plant, plot_step_response
-from kltutorial.plotting.style import use_style
 from kltutorial.simulate import simulate_training_with_controller
 
 
@@ -18,14 +16,6 @@ from kltutorial.simulate import simulate_training_with_controller
 def _close_figures():
     yield
     plt.close("all")
-
-
-@pytest.fixture
-def house_style():
-    """The book's rcParams (constrained layout above all) for one test, restored after it."""
-    with mpl.rc_context():
-        use_style()
-        yield
 
 
 def _response():

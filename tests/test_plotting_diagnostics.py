@@ -8,28 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
 from kltutorial.diagnostics import detect_spikes
 from kltutorial.plotting import diagnostics as pd
-from kltutorial.plotting.style import FIG_WIDTH, use_style
+from kltutorial.plotting.style import FIG_WIDTH
 
 
 @pytest.fixture(autouse=True)
 def _close_figures():
     yield
     plt.close("all")
-
-
-@pytest.fixture
-def house_style():
-    """The book's rcParams (constrained layout above all) for one test, restored after it."""
-    with mpl.rc_context():
-        use_style()
-        yield
 
 
 @dataclass(frozen=True)

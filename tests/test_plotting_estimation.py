@@ -3,7 +3,6 @@ draw, and their bad inputs."""
 
 from __future__ import annotations
 
-import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
@@ -12,7 +11,6 @@ from matplotlib.patches import Polygon, Rectangle
 
 from kltutorial.estimation import estimator_samples, sample_gaussian_pair
 from kltutorial.plotting.estimation import plot_estimator_distributions, plot_kl_convergence
-from kltutorial.plotting.style import use_style
 from kltutorial.sequences.estimates import monte_carlo_convergence
 
 
@@ -20,14 +18,6 @@ from kltutorial.sequences.estimates import monte_carlo_convergence
 def _close_figures():
     yield
     plt.close("all")
-
-
-@pytest.fixture
-def house_style():
-    """The book's rcParams (constrained layout above all) for one test, restored after it."""
-    with mpl.rc_context():
-        use_style()
-        yield
 
 
 def _runs() -> dict:

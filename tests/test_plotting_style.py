@@ -102,11 +102,9 @@ def test_new_axes_grid_checks_the_count():
     assert style.new_axes_grid(axes, 1, 3)[2] is axes[2]
 
 
-def test_save_figure_writes_the_png_the_figure_directive_shows(tmp_path) -> None:
-    import matplotlib.pyplot as plt
+def test_save_figure_writes_the_png_the_figure_directive_shows(tmp_path, house_style) -> None:
     from PIL import Image
 
-    plotting.use_style()
     fig, ax = plt.subplots(figsize=plotting.fig_size(3.0))
     ax.plot([0, 1], [0, 1])
     path = plotting.save_figure(fig, "fig-test-line", folder=tmp_path / "figures")
@@ -129,8 +127,6 @@ def test_save_figure_writes_the_png_the_figure_directive_shows(tmp_path) -> None
     ((None, "fig-x", 3), TypeError, "folder must be a str or Path, got int"),
 ])
 def test_save_figure_refuses_bad_arguments(args, error, message) -> None:
-    import matplotlib.pyplot as plt
-
     fig = plt.figure()
     args = tuple(fig if a is None else a for a in args)
     with pytest.raises(error, match=message):
@@ -138,10 +134,7 @@ def test_save_figure_refuses_bad_arguments(args, error, message) -> None:
     plt.close(fig)
 
 
-def test_legend_below_sits_under_the_tick_labels_and_x_label() -> None:
-    import matplotlib.pyplot as plt
-
-    plotting.use_style()
+def test_legend_below_sits_under_the_tick_labels_and_x_label(house_style) -> None:
     fig, ax = plt.subplots(figsize=plotting.fig_size(3.0))
     ax.plot([1, 10, 100], [1, 2, 3], label="a series")
     ax.set_xscale("log")
