@@ -32,9 +32,10 @@ The formulas, each in its function's docstring:
 4. best-of-n sampling, exactly, and the formula :math:`\log n - (n-1)/n` for its KL, which is an upper
    bound on a finite space (Stiennon et al. 2020; :func:`best_of_n_logprobs`, :func:`best_of_n_kl_bound`).
 
-Four modules, all imported from here: ``space`` (the listed sequences, tables and distributions, KL,
+Five modules, all imported from here: ``space`` (the listed sequences, tables and distributions, KL,
 sampling: items 1 and 2), ``optimum`` (:math:`\pi^*_\beta`, its frontier, best-of-n: items 3 and 4),
-``estimates`` (Monte Carlo estimates of the sequence KL against the exact value, section 3) and
+``estimates`` (Monte Carlo estimates of the sequence KL against the exact value, section 3),
+``fixed_points`` (where a per-token KL penalty in the loss stops the policy, section 9) and
 ``penalised`` (the penalised objective, its optimum value, the frontier's slope, perturbation checks and
 the exact policy gradient, section 5).
 
@@ -50,6 +51,7 @@ from .estimates import (
     rao_blackwell_kl,
     sampled_token_kl,
 )
+from .fixed_points import PER_TOKEN_DIVERGENCES, per_token_fixed_point
 from .optimum import Frontier, best_of_n_kl_bound, best_of_n_logprobs, optimal_frontier, optimal_policy
 from .penalised import (
     PerturbationCheck,
@@ -85,6 +87,8 @@ __all__ = [
     "expected_reward",
     "optimal_policy",
     "optimal_frontier",
+    "PER_TOKEN_DIVERGENCES",
+    "per_token_fixed_point",
     "best_of_n_logprobs",
     "best_of_n_kl_bound",
     "sample_sequences",

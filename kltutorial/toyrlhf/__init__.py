@@ -10,6 +10,9 @@ RLHF. One idea per module:
 ``task``        :func:`make_task`: the reference chain :math:`\pi_\mathrm{ref}`, the gold reward, the
                 preference pairs and the Bradley–Terry proxy fitted to them; the task's exact frontier
 ``trainer``     :func:`train_policy`: REINFORCE with per-token KL shaping, β fixed or set by a controller
+``policy``      :class:`~kltutorial.toyrlhf.policy.TablePolicy`, and what every trainable policy provides
+``recipes``     :func:`train_recipe`: PPO, RLOO, GRPO and Dr. GRPO with their KL placements, and
+                :func:`~.recipes.fixed_points.recipe_fixed_point`, the exact point each stops at (section 9)
 ``cli``         the β sweep of ``python -m kltutorial.toyrlhf --help``
 ==============  ===============================================================================
 
@@ -33,6 +36,7 @@ True
 
 from .cli import main
 from .config import FIXED_BETAS, TaskConfig, TrainConfig
+from .recipes import RECIPES, RecipeResult, recipe_fixed_point, train_recipe
 from .task import (
     BANG,
     HAS_BANG,
@@ -62,6 +66,10 @@ __all__ = [
     "TrainResult",
     "make_task",
     "train_policy",
+    "RECIPES",
+    "RecipeResult",
+    "train_recipe",
+    "recipe_fixed_point",
     "exact_frontier",
     "bang_count_distribution",
     "ranking_agreement",

@@ -16,7 +16,7 @@ import numpy as np
 __all__ = ["FIXED_BETAS", "TaskConfig", "TrainConfig"]
 
 
-def _check(
+def check_field(
     owner: object, name: str, hint: str, *, low: float, low_open: bool = False, high: float | None = None,
     high_open: bool = False, integer: bool = False,
 ) -> None:
@@ -78,20 +78,24 @@ class TaskConfig:
     prior_precision: float = 10.0
 
     def __post_init__(self) -> None:
-        _check(self, "n_pairs", "the proxy is fitted to at least one preference pair", low=1, integer=True)
-        _check(self, "bang_prob", 'it is the probability of "!" at every position of the reference chain '
-               "(the default 0.08 makes it rare)", low=0, low_open=True, high=1, high_open=True)
-        _check(self, "dirichlet_alpha", "it is a Dirichlet concentration (1 draws the chain's rows "
-               "uniformly from the simplex)", low=0, low_open=True)
+        check_field(self, "n_pairs",
+                    "the proxy is fitted to at least one preference pair", low=1, integer=True)
+        check_field(self, "bang_prob",
+                    'it is the probability of "!" at every position of the reference chain '
+                    "(the default 0.08 makes it rare)", low=0, low_open=True, high=1, high_open=True)
+        check_field(self, "dirichlet_alpha", "it is a Dirichlet concentration (1 draws the chain's rows "
+                    "uniformly from the simplex)", low=0, low_open=True)
         for name in ("token_weight_scale", "bang_bonus", "bang_penalty", "repeat_penalty"):
-            _check(self, name, "it is a size, the sign is fixed by the gold reward's formula; "
-                   "0 switches this term off", low=0)
-        _check(self, "label_temperature", "it divides the gold reward difference in the labels' logistic "
-               "(larger: noisier labels)", low=0, low_open=True)
-        _check(self, "label_flip", "it is the probability of flipping a label; at 0.5 the labels carry no "
-               "information", low=0, high=0.5, high_open=True)
-        _check(self, "prior_precision", "it is the precision of the Gaussian prior on the proxy weights "
-               "(larger: weights nearer 0)", low=0, low_open=True)
+            check_field(self, name, "it is a size, the sign is fixed by the gold reward's formula; "
+                        "0 switches this term off", low=0)
+        check_field(self, "label_temperature",
+                    "it divides the gold reward difference in the labels' logistic "
+                    "(larger: noisier labels)", low=0, low_open=True)
+        check_field(self, "label_flip",
+                    "it is the probability of flipping a label; at 0.5 the labels carry no "
+                    "information", low=0, high=0.5, high_open=True)
+        check_field(self, "prior_precision", "it is the precision of the Gaussian prior on the proxy weights "
+                    "(larger: weights nearer 0)", low=0, low_open=True)
 
 
 @dataclass(frozen=True)
@@ -121,11 +125,14 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.beta is not None:
-            _check(self, "beta", "it is the fixed KL coefficient (section 11 uses 0.1 to 1); leave it None "
-                   "only when a controller sets beta", low=0, low_open=True)
-        _check(self, "steps", "the number of training steps (the default is 400)", low=1, integer=True)
-        _check(self, "batch_size", "the leave-one-out baseline averages the other sequences of the batch "
-               "(the default is 2048)", low=2, integer=True)
-        _check(self, "lr", "it is Adam's learning rate (the default is 0.1)", low=0, low_open=True)
-        _check(self, "critic_min_step", "it is the smallest weight of a new batch in the critic's running "
-               "average (the default is 0.2)", low=0, low_open=True, high=1)
+            check_field(self, "beta",
+                        "it is the fixed KL coefficient (section 11 uses 0.1 to 1); leave it None "
+                        "only when a controller sets beta", low=0, low_open=True)
+        check_field(self, "steps", "the number of training steps (the default is 400)", low=1, integer=True)
+        check_field(self, "batch_size",
+                    "the leave-one-out baseline averages the other sequences of the batch "
+                    "(the default is 2048)", low=2, integer=True)
+        check_field(self, "lr", "it is Adam's learning rate (the default is 0.1)", low=0, low_open=True)
+        check_field(self, "critic_min_step",
+                    "it is the smallest weight of a new batch in the critic's running "
+                    "average (the default is 0.2)", low=0, low_open=True, high=1)

@@ -286,7 +286,7 @@ def _fit_bradley_terry(
 # Exact quantities of the task (through kltutorial.sequences)
 
 
-def _check_task(task: object) -> ToyTask:
+def check_task(task: object) -> ToyTask:
     if not isinstance(task, ToyTask):
         raise TypeError(f"task must be a ToyTask (from make_task), got {type(task).__name__}")
     return task
@@ -311,7 +311,7 @@ def exact_frontier(
     -------
     ToyFrontier
     """
-    task = _check_task(task)
+    task = check_task(task)
     r = task.reward(reward)
     measures = {
         "proxy": task.proxy_reward,
@@ -343,7 +343,7 @@ def bang_count_distribution(task: ToyTask, logprobs: torch.Tensor) -> np.ndarray
     -------
     ndarray, shape (T + 1,)
     """
-    task = _check_task(task)
+    task = check_task(task)
     n = task.space.n_sequences
     if not isinstance(logprobs, torch.Tensor) or logprobs.shape != (n,):
         shape = tuple(logprobs.shape) if isinstance(logprobs, torch.Tensor) else type(logprobs).__name__
@@ -373,7 +373,7 @@ def ranking_agreement(
     min_bangs : int
         In [0, T].
     """
-    task = _check_task(task)
+    task = check_task(task)
     n = check_positive_int(n, "n")
     generator = check_generator(generator)
     T = task.space.length

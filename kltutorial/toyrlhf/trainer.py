@@ -29,7 +29,7 @@ from ..estimators import compute_token_kl
 from ..objective import shape_rewards
 from ..sequences.space import _expected_value, _sequence_kl, _token_logprobs
 from .config import TrainConfig
-from .task import ToyTask, _check_task
+from .task import ToyTask, check_task
 
 __all__ = ["TrainResult", "train_policy"]
 
@@ -74,7 +74,7 @@ def _check_train_args(
     task: object, config: object, generator: object, controller: object
 ) -> KLController:
     """Check the arguments of :func:`train_policy`; return the controller (fixed at ``config.beta``)."""
-    _check_task(task)
+    check_task(task)
     if not isinstance(config, TrainConfig):
         raise TypeError(
             f"config must be a TrainConfig (e.g. TrainConfig(beta=0.5)), got {type(config).__name__}"

@@ -1,0 +1,169 @@
+r"""Where each recipe's expected on-policy gradient vanishes, exactly, and that gradient itself (section 9).
+
+* ``reinforce-k1-reward``, ``ppo-k1-reward``, ``rloo-k1-reward``: the loss's expected gradient is
+  :math:`-\nabla(\mathbb{E}[s] - \beta\,\mathrm{KL})`, and the fixed point :math:`\pi^*_\beta`;
+* ``ppo-k3-reward``: :math:`-\nabla\mathbb{E}[s] + \beta(\nabla\mathrm{KL} -
+  \nabla^\mathrm{tok}\mathrm{KL}_\mathrm{fwd})`; no fixed point (see below);
+* ``dr-grpo-k2-loss``, ``dr-grpo-k3plus-loss``: :math:`-\tfrac{G-1}{G}\nabla\mathbb{E}[s] +
+  \beta\nabla^\mathrm{tok}\mathrm{KL}`; the per-token reverse KL's fixed point with :math:`c = \beta G/(G-1)`;
+* ``dr-grpo-k3-loss``: :math:`-\tfrac{G-1}{G}\nabla\mathbb{E}[s] + \beta\nabla^\mathrm{tok}
+  \mathrm{KL}_\mathrm{fwd}`; the per-token forward KL's fixed point with :math:`c = \beta G/(G-1)`;
+* ``grpo-k3-loss``: the same with the score divided by the group's std; forward, :math:`c = \beta\,
+  \sigma_\pi\,G/(G-1)`;
+* ``dr-grpo-k1-loss``: :math:`-\tfrac{G-1}{G}\nabla\mathbb{E}[s]`; no fixed point, no regulariser.
+
+:math:`\nabla^\mathrm{tok}` is the gradient of the per-token KLs with the prefixes' probabilities held
+fixed (:func:`~kltutorial.placement.penalty_gradients`). The coefficients:
+
+* a leave-one-out baseline (RLOO) or a critic that is exact at the fixed point (PPO's, REINFORCE's) adds no
+  bias, so the score keeps weight 1;
+* a group mean that includes the sample, :math:`\bar s = \frac1G\sum_j s_j`, gives
+  :math:`\mathbb{E}[(s_i - \bar s)\nabla\log\pi(y_i)] = \frac{G-1}{G}\nabla\mathbb{E}[s]`, since the
+  other :math:`G - 1` samples are independent of :math:`y_i` and :math:`\mathbb{E}[\nabla\log\pi] = 0`;
+  against a penalty of weight :math:`\beta` that is the per-token fixed point with :math:`c = \beta G/(G-1)`;
+* GRPO also divides by the group's std. Its exact effect depends on the whole score distribution; this
+  module uses the **large-group limit of the std** (the sample std tends to the policy's
+  :math:`\sigma_\pi`) and keeps the mean's exact :math:`(G-1)/G`, so :math:`c = \beta\,\sigma_\pi\,G/(G-1)`
+  with :math:`\sigma_\pi` the score's std under the fixed point itself, solved self-consistently by
+  iterating :math:`c \leftarrow \beta\,\sigma(\pi_c)\,G/(G-1)` from the reference's :math:`\sigma`.
+
+No fixed point for two recipes. ``dr-grpo-k1-loss``: k1's expected gradient in the loss is 0, so nothing
+holds the policy and it climbs the score until it is deterministic. ``ppo-k3-reward``: as a reward, k3's
+per-token value :math:`\rho/\pi - 1 + \log(\pi/\rho)` grows like :math:`\rho/\pi` as a token's probability
+:math:`\pi` falls below the reference's :math:`\rho`, so a token pushed down is penalised *more* when it is
+sampled, and pushed down further: the penalty rewards dropping tokens (its gradient subtracts the forward
+KL's), and there is no stable point with every token kept.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ... import sequences as seq
+from ..._validation import check_positive, check_positive_int
+from ...placement import grpo_style_loss, ppo_style_loss
+from ...sequences.fixed_points import per_token_fixed_point
+from ..task import ToyTask, check_task
+from .registry import RecipeSpec, get_recipe
+
+__all__ = ["recipe_fixed_point", "fixed_point_table", "expected_gradient", "score_std"]
+
+# Iterations of c <- beta sigma(pi_c) G / (G - 1) for GRPO; the map contracts fast (sigma changes little
+# with c), and the loop stops once c moves by less than 1e-12 relative.
+_STD_ITERATIONS = 200
+
+
+def score_std(space: seq.SequenceSpace, table: torch.Tensor, scores: torch.Tensor) -> float:
+    """The std of the score under the policy with next-token table ``table``, exactly."""
+    p = seq.sequence_logprobs(space, table).exp()
+    mean = float((p * scores).sum())
+    return math.sqrt(max(float((p * (scores - mean) ** 2).sum()), 0.0))
+
+
+def _group_size(spec: RecipeSpec, group_size: int | None) -> int | None:
+    if spec.group_setting is None:
+        if group_size is not None:
+            raise ValueError(
+                f"group_size applies only to a recipe with a group baseline; {spec.name} has none"
+            )
+        return None
+    if group_size is None:
+        return spec.settings.group_size
+    g = check_positive_int(group_size, "group_size")
+    if g < 2:
+        raise ValueError(f"group_size must be at least 2 (a group baseline needs another sample), got {g}")
+    return g
+
+
+def fixed_point_table(
+    space: seq.SequenceSpace, ref_table: torch.Tensor, scores: torch.Tensor, recipe: str, beta: float,
+    *, group_size: int | None = None,
+) -> torch.Tensor:
+    """The next-token table (P, V) of a recipe's fixed point on any listable space (the module docstring
+    gives each one). Raises ValueError for the two recipes that have none."""
+    spec = get_recipe(recipe)
+    beta = check_positive(beta, "beta")
+    g = _group_size(spec, group_size)
+    if spec.fixed_point is None:
+        raise ValueError(f"{spec.name} has no fixed point with every token kept: {spec.why_none}")
+    if spec.fixed_point == "optimum":
+        ref_logprobs = seq.sequence_logprobs(space, ref_table)
+        return seq.next_token_logprobs(space, seq.optimal_policy(ref_logprobs, scores, beta))
+    kappa = 1.0 if g is None else g / (g - 1)
+    if not spec.std_scaled:
+        return per_token_fixed_point(space, ref_table, scores, beta * kappa, spec.fixed_point)
+    c = beta * kappa * score_std(space, ref_table, scores)
+    for _ in range(_STD_ITERATIONS):
+        table = per_token_fixed_point(space, ref_table, scores, c, spec.fixed_point)
+        c_new = beta * kappa * score_std(space, table, scores)
+        if abs(c_new - c) <= 1e-12 * c:
+            break
+        c = c_new
+    else:
+        raise RuntimeError(f"the GRPO coefficient did not settle in {_STD_ITERATIONS} iterations (c = {c})")
+    return per_token_fixed_point(space, ref_table, scores, c, spec.fixed_point)
+
+
+def recipe_fixed_point(
+    task: ToyTask, recipe: str, beta: float, *, group_size: int | None = None
+) -> torch.Tensor:
+    r"""Log-probs (V**T,) of the policy at which ``recipe``'s expected on-policy gradient vanishes, on the
+    toy task's proxy reward.
+
+    Parameters
+    ----------
+    task : ToyTask
+        Its reference and proxy reward (for a neural policy, the task of its run, whose reference is the
+        fitted network: :attr:`~kltutorial.toyrlhf.recipes.RecipeResult.task`).
+    recipe : str
+        One of :data:`~kltutorial.toyrlhf.RECIPES`.
+    beta : float
+        :math:`\beta > 0`.
+    group_size : int, optional
+        G of a group baseline (default: the recipe's default); only for recipes that have one.
+
+    Returns
+    -------
+    Tensor, shape (V**T,), float64
+
+    Raises
+    ------
+    ValueError
+        For an unknown recipe, :math:`\beta \le 0`, a group of fewer than 2, and the two recipes without a
+        fixed point (``ppo-k3-reward``, ``dr-grpo-k1-loss``; the module docstring says why).
+    """
+    task = check_task(task)
+    table = fixed_point_table(
+        task.space, task.ref_table, task.proxy_reward, recipe, beta, group_size=group_size
+    )
+    return seq.sequence_logprobs(task.space, table)
+
+
+def expected_gradient(
+    space: seq.SequenceSpace, ref_table: torch.Tensor, scores: torch.Tensor, logits: torch.Tensor,
+    recipe: str, beta: float, *, group_size: int | None = None,
+) -> torch.Tensor:
+    r"""The recipe's expected on-policy gradient of its loss at the policy ``softmax(logits)``, exactly (a sum
+    over every sequence), shape (P, V): what a very large batch would follow on its first step.
+
+    Reward placements use :func:`~kltutorial.placement.ppo_style_loss` with the exact critic (REINFORCE's
+    and PPO's critics at their fixed point; RLOO's leave-one-out baseline is unbiased, which gives the
+    same); loss placements use :func:`~kltutorial.placement.grpo_style_loss` with the score scaled as the
+    module docstring says (for GRPO by :math:`1/\sigma_\pi` of the policy at ``logits``).
+    """
+    spec = get_recipe(recipe)
+    beta = check_positive(beta, "beta")
+    g = _group_size(spec, group_size)
+    theta = logits.detach().clone().requires_grad_(True)
+    if spec.placement == "reward":
+        lam = getattr(spec.settings, "lam", 1.0)
+        loss = ppo_style_loss(space, theta, ref_table, scores, beta, estimator=spec.estimator, lam=lam)
+    else:
+        scale = 1.0 if g is None else (g - 1) / g
+        if spec.std_scaled:
+            scale /= score_std(space, torch.log_softmax(logits.detach(), -1), scores)
+        loss = grpo_style_loss(space, theta, ref_table, scale * scores, beta, estimator=spec.estimator)
+    return torch.autograd.grad(loss, theta)[0]
+

@@ -1,0 +1,108 @@
+"""The recipes by name: which algorithm, which estimator where, and which fixed point (book section 9).
+
+One :class:`RecipeSpec` per name in :data:`RECIPES`; :func:`get_recipe` looks one up and says what the
+names are when it is not there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .grpo import GRPOSettings
+from .ppo import PPOSettings
+from .rloo import RLOOSettings
+
+__all__ = ["RecipeSpec", "RECIPES", "get_recipe"]
+
+_NO_REGULARISER = (
+    "k1's expected gradient in the loss is 0, so only the score moves the policy, towards a deterministic one"
+)
+_K3_REWARD = (
+    "as a reward, k3 grows like pi_ref/pi as a token falls below the reference, so a token pushed down is "
+    "pushed down further; its expected gradient is the sequence KL's minus the per-token forward KL's"
+)
+
+
+@dataclass(frozen=True)
+class RecipeSpec:
+    """A recipe: an algorithm, where its KL goes and with which estimator, and where it stops.
+
+    Attributes
+    ----------
+    name : str
+    algorithm : {"reinforce", "ppo", "rloo", "grpo"}
+    placement : {"reward", "loss"}
+    estimator : str
+        The per-token estimator of the penalty (the estimators' registry).
+    settings : object or None
+        The algorithm's default settings (None for REINFORCE, configured by ``TrainConfig`` alone).
+    fixed_point : {"optimum", "reverse", "forward"} or None
+        :math:`\\pi^*_\\beta`, the per-token reverse or forward KL's fixed point, or none.
+    std_scaled : bool
+        GRPO's division by the group's std.
+    why_none : str
+        Why there is no fixed point, where there is none.
+    summary : str
+        One line for ``--help`` and tables.
+    """
+
+    name: str
+    algorithm: str
+    placement: str
+    estimator: str
+    settings: object | None
+    fixed_point: str | None
+    summary: str
+    std_scaled: bool = False
+    why_none: str = ""
+
+    @property
+    def group_setting(self) -> str | None:
+        """The settings field that holds the group size, or None for a recipe without a group baseline."""
+        return "group_size" if hasattr(self.settings, "group_size") else None
+
+
+_SPECS = (
+    RecipeSpec("reinforce-k1-reward", "reinforce", "reward", "k1", None, "optimum",
+               "REINFORCE, per-token k1 shaping, rewards-to-go, a per-prefix Monte-Carlo critic"),
+    RecipeSpec("ppo-k1-reward", "ppo", "reward", "k1", PPOSettings(), "optimum",
+               "PPO (TRL <= 0.11, OpenRLHF): k1 shaping, GAE from a learned critic, clipped ratio, epochs"),
+    RecipeSpec("rloo-k1-reward", "rloo", "reward", "k1", RLOOSettings(), "optimum",
+               "REINFORCE leave-one-out over k samples, the sequence's k1 sum in its reward"),
+    RecipeSpec("ppo-k3-reward", "ppo", "reward", "k3", PPOSettings(estimator="k3"), None,
+               "PPO with TRL's kl_estimator='k3': k3 as the per-token penalty in the reward",
+               why_none=_K3_REWARD),
+    RecipeSpec("grpo-k3-loss", "grpo", "loss", "k3", GRPOSettings(), "forward",
+               "GRPO: group advantage (s - mean) / std, clipped ratio, beta * k3 in the loss",
+               std_scaled=True),
+    RecipeSpec("dr-grpo-k3-loss", "grpo", "loss", "k3", GRPOSettings(scale_by_std=False), "forward",
+               "Dr. GRPO: group advantage s - mean (no std), beta * k3 in the loss"),
+    RecipeSpec("dr-grpo-k2-loss", "grpo", "loss", "k2", GRPOSettings(estimator="k2", scale_by_std=False),
+               "reverse", "Dr. GRPO with beta * k2 in the loss"),
+    RecipeSpec("dr-grpo-k3plus-loss", "grpo", "loss", "k3+",
+               GRPOSettings(estimator="k3+", scale_by_std=False), "reverse",
+               "Dr. GRPO with verl's straight-through k3+ (k3's value, k2's gradient) in the loss"),
+    RecipeSpec("dr-grpo-k1-loss", "grpo", "loss", "k1", GRPOSettings(estimator="k1", scale_by_std=False),
+               None,
+               "Dr. GRPO with beta * k1 in the loss: expected gradient 0, no regulariser",
+               why_none=_NO_REGULARISER),
+)
+
+#: The recipe names, in the order of the book's table.
+RECIPES: tuple[str, ...] = tuple(spec.name for spec in _SPECS)
+_BY_NAME = {spec.name: spec for spec in _SPECS}
+
+
+def get_recipe(name: object) -> RecipeSpec:
+    """The :class:`RecipeSpec` of ``name``; ValueError naming the recipes if there is no such recipe.
+
+    Examples
+    --------
+    >>> get_recipe("dr-grpo-k2-loss").fixed_point
+    'reverse'
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"recipe must be a str, one of {', '.join(RECIPES)}; got {type(name).__name__}")
+    if name not in _BY_NAME:
+        raise ValueError(f"recipe must be one of {', '.join(RECIPES)}; got {name!r}")
+    return _BY_NAME[name]
