@@ -352,6 +352,34 @@ def test_command_line_reports_bad_values_as_usage_errors(
     assert err.startswith("usage: python -m kltutorial.toyrlhf") and f"error: {message}" in err
 
 
+def test_command_line_trains_a_recipe_against_its_own_fixed_point(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = toy.main(["--recipe", "dr-grpo-k2-loss", "--steps", "40", "--batch-size", "512", "--betas", "0.3"])
+    fixed = toy.recipe_fixed_point(_task(), "dr-grpo-k2-loss", 0.3)
+    start = seq.sequence_kl(_task().ref_logprobs, fixed)
+    assert rows[0]["recipe"] == "dr-grpo-k2-loss" and rows[0]["kl_to_fixed"] < 0.5 * start
+    out = capsys.readouterr().out
+    assert "recipe dr-grpo-k2-loss" in out and "KL(pi||fixed)" in out
+    rows = toy.main(["--recipe", "dr-grpo-k1-loss", "--steps", "2", "--batch-size", "64", "--betas", "0.3"])
+    assert math.isnan(rows[0]["kl_to_fixed"])  # no regulariser, no fixed point: printed as "-"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--recipe", "ppo"], "argument --recipe: invalid choice: 'ppo'"),
+        (["--recipe", "grpo-k3-loss", "--batch-size", "100", "--steps", "1"],
+         "TrainConfig.batch_size (100) must be a multiple of group_size (16)"),
+    ],
+)
+def test_command_line_reports_a_bad_recipe_as_a_usage_error(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        toy.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_python_dash_m_runs_the_command_line() -> None:
     done = subprocess.run([sys.executable, "-m", "kltutorial.toyrlhf", "--help"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, check=False)

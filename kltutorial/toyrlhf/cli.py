@@ -1,5 +1,6 @@
-"""The command line of book section 11: ``python -m kltutorial.toyrlhf`` trains the toy policy for several
-β and compares each with the exact optimum :math:`\\pi^*_\\beta`.
+"""The command line of book sections 9 and 11: ``python -m kltutorial.toyrlhf`` trains the toy policy for
+several β with one recipe (``--recipe``, REINFORCE by default) and compares each run with the exact optimum
+:math:`\\pi^*_\\beta` and with the recipe's own exact fixed point.
 
 The only place in the experiment where seeds become generators: ``--seed`` seeds the task's two NumPy
 generators (the preference data keyed by ``[seed, n_pairs, 0]``, as on the book's page) and one torch
@@ -17,8 +18,8 @@ from tqdm import tqdm
 
 from .. import sequences as seq
 from .config import FIXED_BETAS, TaskConfig, TrainConfig
+from .recipes import RECIPES, get_recipe, recipe_fixed_point, train_recipe
 from .task import make_task
-from .trainer import train_policy
 
 __all__ = ["main"]
 
@@ -27,9 +28,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     """Run the β sweep; print and return KL, rewards and the distance to the exact optimum for each β."""
     parser = argparse.ArgumentParser(
         prog="python -m kltutorial.toyrlhf",
-        description="Train the toy RLHF policy for several β and compare each with the exact "
-        "optimum pi*_beta(y) ∝ pi_ref(y) exp(r(y)/beta) (book section 11).",
+        description="Train the toy RLHF policy with one recipe for several β and compare each run with the "
+        "exact optimum pi*_beta(y) ∝ pi_ref(y) exp(r(y)/beta) and with the recipe's own exact fixed point "
+        "(book sections 9 and 11).",
     )
+    parser.add_argument("--recipe", choices=RECIPES, default=RECIPES[0], metavar="NAME",
+                        help="the recipe to train (default %(default)s): "
+                        + "; ".join(f"{name}: {get_recipe(name).summary}" for name in RECIPES))
     parser.add_argument("--seed", type=int, default=0, help="task and training seed, >= 0 (default 0)")
     parser.add_argument("--n-pairs", type=int, default=TaskConfig.n_pairs,
                         help=f"preference pairs the proxy is fitted to (default {TaskConfig.n_pairs})")
@@ -55,19 +60,34 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     task = make_task(task_config, rng=np.random.default_rng(args.seed),
                      data_rng=np.random.default_rng([args.seed, args.n_pairs, 0]))
     rows = []
-    for config in tqdm(runs, desc="β sweep"):
-        run = train_policy(task, config, generator=torch.Generator().manual_seed(args.seed))
+    for config in tqdm(runs, desc=f"{args.recipe}, β sweep"):
+        try:  # e.g. a batch size that is not a multiple of the recipe's group size
+            run = train_recipe(task, args.recipe, config, generator=torch.Generator().manual_seed(args.seed),
+                               progress=True)
+        except ValueError as err:
+            parser.error(str(err))
         optimum = seq.optimal_policy(task.ref_logprobs, task.proxy_reward, config.beta)
+        if get_recipe(args.recipe).fixed_point is None:
+            kl_to_fixed = float("nan")  # no fixed point: the recipe has no regulariser
+        else:
+            fixed = recipe_fixed_point(task, args.recipe, config.beta, group_size=run.group_size)
+            kl_to_fixed = seq.sequence_kl(run.logprobs, fixed)
         rows.append({
+            "recipe": args.recipe,
             "beta": config.beta,
             "kl": seq.sequence_kl(run.logprobs, task.ref_logprobs),
             "opt_kl": seq.sequence_kl(optimum, task.ref_logprobs),
             "proxy": seq.expected_reward(run.logprobs, task.proxy_reward),
             "gold": seq.expected_reward(run.logprobs, task.gold_reward),
             "kl_to_opt": seq.sequence_kl(run.logprobs, optimum),
+            "kl_to_fixed": kl_to_fixed,
         })
-    print(f"{'beta':>6} {'KL':>8} {'KL*':>8} {'proxy':>8} {'gold':>8} {'KL(pi||pi*)':>12}")
+    print(f"recipe {args.recipe}; KL* is pi*_beta's KL to pi_ref, fixed point: where the recipe's expected "
+          "gradient vanishes (- where it has none)")
+    print(f"{'beta':>6} {'KL':>8} {'KL*':>8} {'proxy':>8} {'gold':>8} {'KL(pi||pi*)':>12} "
+          f"{'KL(pi||fixed)':>14}")
     for r in rows:
+        fixed = "-" if r["kl_to_fixed"] != r["kl_to_fixed"] else f"{r['kl_to_fixed']:.4f}"
         print(f"{r['beta']:>6.3g} {r['kl']:>8.3f} {r['opt_kl']:>8.3f} {r['proxy']:>8.3f} "
-              f"{r['gold']:>8.3f} {r['kl_to_opt']:>12.4f}")
+              f"{r['gold']:>8.3f} {r['kl_to_opt']:>12.4f} {fixed:>14}")
     return rows
