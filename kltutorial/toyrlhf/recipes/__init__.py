@@ -142,7 +142,7 @@ def train_recipe(
         Draws every batch, shuffles the minibatches, and initialises a neural policy.
     policy : {"table", "transformer"}
         The table policy (:class:`~kltutorial.toyrlhf.policy.TablePolicy`), or a small transformer
-        (:class:`~kltutorial.toyrlhf.transformer.TransformerPolicy`) first fitted to the reference chain;
+        (``kltutorial.toyrlhf.transformer.TransformerPolicy``) first fitted to the reference chain;
         the fitted network is then the run's reference (the result's ``task``).
     settings : PPOSettings, RLOOSettings or GRPOSettings, optional
         The algorithm's own settings (default: the recipe's, ``get_recipe(recipe).settings``); the estimator
