@@ -17,8 +17,8 @@ fixed (:func:`~kltutorial.placement.penalty_gradients`). The coefficients:
 
 * a leave-one-out baseline (RLOO) or a critic that is exact at the fixed point (PPO's, REINFORCE's) adds no
   bias, so the score keeps weight 1;
-* a group mean that includes the sample, :math:`\bar s = \frac1G\sum_j s_j`, gives
-  :math:`\mathbb{E}[(s_i - \bar s)\nabla\log\pi(y_i)] = \frac{G-1}{G}\nabla\mathbb{E}[s]`, since the
+* a group mean that includes the sample, :math:`\mu_G = \frac1G\sum_j s_j`, gives
+  :math:`\mathbb{E}[(s_i - \mu_G)\nabla\log\pi(y_i)] = \frac{G-1}{G}\nabla\mathbb{E}[s]`, since the
   other :math:`G - 1` samples are independent of :math:`y_i` and :math:`\mathbb{E}[\nabla\log\pi] = 0`;
   against a penalty of weight :math:`\beta` that is the per-token fixed point with :math:`c = \beta G/(G-1)`;
 * GRPO also divides by the group's std. Its exact effect depends on the whole score distribution; this

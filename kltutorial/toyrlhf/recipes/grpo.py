@@ -4,8 +4,8 @@ r"""GRPO and Dr. GRPO with the KL penalty in the loss (book section 9): recipes 
 Per batch of B sequences, drawn as B / G groups of G (Shao et al. 2024, DeepSeekMath, eq. 3 and section 4.1.2;
 Liu et al. 2025, "Understanding R1-Zero-like training", section 3.1):
 
-1. the advantage of sequence :math:`i` of a group, on every one of its tokens: :math:`A_i = s_i - \bar s`
-   (Dr. GRPO), or :math:`(s_i - \bar s)/(\mathrm{std}(s) + \varepsilon)` (GRPO; the group's standard
+1. the advantage of sequence :math:`i` of a group, on every one of its tokens: :math:`A_i = s_i - \mu_G`
+   (Dr. GRPO), or :math:`(s_i - \mu_G)/(\mathrm{std}(s) + \varepsilon)` (GRPO; the group's standard
    deviation with Bessel's correction, as ``torch.std`` and TRL compute it, :math:`\varepsilon = 10^{-4}`);
 2. ``epochs`` passes of ``minibatches`` minibatches, each one Adam step on the per-token loss
 
@@ -74,7 +74,7 @@ class GRPOSettings:
 
 
 def group_advantages(scores: torch.Tensor, group_size: int, scale_by_std: bool, eps: float) -> torch.Tensor:
-    r"""Each sequence's advantage against its group, shape (B,): :math:`s_i - \bar s`, divided by
+    r"""Each sequence's advantage against its group, shape (B,): :math:`s_i - \mu_G`, divided by
     :math:`\mathrm{std}(s) + \varepsilon` when ``scale_by_std``; consecutive rows form the groups.
 
     Examples
