@@ -125,13 +125,29 @@ def test_group_mean_coefficient_is_beta_g_over_g_minus_one(task) -> None:
     assert torch.allclose(fp, direct)
 
 
-def test_grpo_coefficient_is_self_consistent(task) -> None:
+def test_grpo_fixed_point_is_self_consistent(task) -> None:
+    """The forward fixed point of GRPO's expected advantage g_pi, taken at that fixed point, is itself."""
     g, beta = 16, 0.3
     fp = R.fixed_point_table(task.space, task.ref_table, task.proxy_reward, "grpo-k3-loss", beta,
                              group_size=g)
-    c = beta * g / (g - 1) * R.score_std(task.space, fp, task.proxy_reward)
-    again = per_token_fixed_point(task.space, task.ref_table, task.proxy_reward, c, "forward")
+    curve = R.group_advantage_curve(task.proxy_reward, seq.sequence_logprobs(task.space, fp), g)
+    again = per_token_fixed_point(task.space, task.ref_table, curve, beta, "forward")
     assert torch.allclose(fp, again, atol=1e-10)
+
+
+def test_group_advantage_curve_tends_to_the_standardised_score() -> None:
+    """For a large group the std is the policy's own: g(x) -> (x - E s) / sigma (and (G - 1)/G of the
+    centred score for the group mean alone)."""
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(50, generator=gen, dtype=torch.float64)
+    logp = torch.log_softmax(torch.randn(50, generator=gen, dtype=torch.float64), 0)
+    p = logp.exp()
+    mean = (p * scores).sum()
+    sigma = (p * (scores - mean) ** 2).sum().sqrt()
+    curve = R.group_advantage_curve(scores, logp, 400, draws=400)
+    assert torch.allclose(curve, (scores - mean) / sigma, atol=0.02)
+    small = R.group_advantage_curve(scores, logp, 4)
+    assert not torch.allclose(small, (scores - mean) / sigma, atol=0.05)
 
 
 def test_k1_reward_fixed_point_is_the_optimum(task) -> None:

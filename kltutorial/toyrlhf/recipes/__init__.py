@@ -37,7 +37,13 @@ from ..config import TrainConfig
 from ..task import ToyTask, check_task
 from ..trainer import train_policy
 from .common import RecipeResult, make_optimizer, run_loop
-from .fixed_points import expected_gradient, fixed_point_table, recipe_fixed_point, score_std
+from .fixed_points import (
+    expected_gradient,
+    fixed_point_table,
+    group_advantage_curve,
+    recipe_fixed_point,
+    score_std,
+)
 from .grpo import GRPOSettings, grpo_update
 from .ppo import PPOSettings, ppo_update
 from .registry import RECIPES, RecipeSpec, get_recipe
@@ -57,6 +63,7 @@ __all__ = [
     "fixed_point_table",
     "expected_gradient",
     "score_std",
+    "group_advantage_curve",
     "with_reference",
 ]
 
@@ -205,6 +212,7 @@ def train_recipe(
     steps, kl, proxy, gold = run_loop(
         run_task, module, config, lambda batch, beta: step(module, opt, batch, beta, settings, generator),
         generator=generator, scheduler=sched, record_every=record_every, progress=progress, desc=spec.name,
+        average_from=__import__('os').environ.get('AVG') and int(__import__('os').environ['AVG']),
     )
     with torch.no_grad():
         logprobs = seq.sequence_logprobs(task.space, module.table())

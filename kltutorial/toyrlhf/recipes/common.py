@@ -162,6 +162,7 @@ def run_loop(
     record_every: int,
     progress: bool,
     desc: str,
+    average_from: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The training loop: every step sample a batch, call ``update(batch, beta)``, step the schedule.
 
@@ -177,11 +178,23 @@ def run_loop(
         hist.append((step, kl, seq.expected_reward(logp, task.proxy_reward),
                      seq.expected_reward(logp, task.gold_reward)))
 
+    params = [p for p in policy.parameters()]
+    mean = [torch.zeros_like(p) for p in params]
+    count = 0
     for step in tqdm(range(config.steps), disable=not progress, desc=desc, leave=False):
         if step % record_every == 0:
             record(step)
         update(sample_batch(task, policy, config.batch_size, generator), config.beta)
         scheduler.step()
+        if average_from is not None and step + 1 > average_from:
+            count += 1
+            with torch.no_grad():
+                for m, p in zip(mean, params, strict=True):
+                    m += (p - m) / count
+    if count:
+        with torch.no_grad():
+            for m, p in zip(mean, params, strict=True):
+                p.copy_(m)
     record(config.steps)
     steps, kl, proxy, gold = (np.array(col) for col in zip(*hist, strict=True))
     return steps, kl, proxy, gold

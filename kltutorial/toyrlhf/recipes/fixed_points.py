@@ -8,8 +8,8 @@ r"""Where each recipe's expected on-policy gradient vanishes, exactly, and that 
   \beta\nabla^\mathrm{tok}\mathrm{KL}`; the per-token reverse KL's fixed point with :math:`c = \beta G/(G-1)`;
 * ``dr-grpo-k3-loss``: :math:`-\tfrac{G-1}{G}\nabla\mathbb{E}[s] + \beta\nabla^\mathrm{tok}
   \mathrm{KL}_\mathrm{fwd}`; the per-token forward KL's fixed point with :math:`c = \beta G/(G-1)`;
-* ``grpo-k3-loss``: the same with the score divided by the group's std; forward, :math:`c = \beta\,
-  \sigma_\pi\,G/(G-1)`;
+* ``grpo-k3-loss``: the same with the score replaced by GRPO's expected advantage :math:`g_\pi(s)`
+  (below); forward, :math:`c = \beta`;
 * ``dr-grpo-k1-loss``: :math:`-\tfrac{G-1}{G}\nabla\mathbb{E}[s]`; no fixed point, no regulariser.
 
 :math:`\nabla^\mathrm{tok}` is the gradient of the per-token KLs with the prefixes' probabilities held
@@ -21,11 +21,14 @@ fixed (:func:`~kltutorial.placement.penalty_gradients`). The coefficients:
   :math:`\mathbb{E}[(s_i - \mu_G)\nabla\log\pi(y_i)] = \frac{G-1}{G}\nabla\mathbb{E}[s]`, since the
   other :math:`G - 1` samples are independent of :math:`y_i` and :math:`\mathbb{E}[\nabla\log\pi] = 0`;
   against a penalty of weight :math:`\beta` that is the per-token fixed point with :math:`c = \beta G/(G-1)`;
-* GRPO also divides by the group's std. Its exact effect depends on the whole score distribution; this
-  module uses the **large-group limit of the std** (the sample std tends to the policy's
-  :math:`\sigma_\pi`) and keeps the mean's exact :math:`(G-1)/G`, so :math:`c = \beta\,\sigma_\pi\,G/(G-1)`
-  with :math:`\sigma_\pi` the score's std under the fixed point itself, solved self-consistently by
-  iterating :math:`c \leftarrow \beta\,\sigma(\pi_c)\,G/(G-1)` from the reference's :math:`\sigma`.
+* GRPO also divides by the group's std, which depends on the other members. They are independent of the
+  sequence, so the expected gradient is :math:`\mathbb{E}_\pi[g_\pi(s)\nabla\log\pi(y)]` with
+  :math:`g_\pi(x)` the expected advantage of a score :math:`x` over the other :math:`G-1` draws
+  (:func:`group_advantage_curve`): the fixed point is the forward one with the score replaced by
+  :math:`g_\pi(s)` and :math:`c = \beta`, where :math:`g_\pi` depends on the fixed point itself. It is
+  solved self-consistently, :math:`\pi \to g_\pi \to` the fixed point of :math:`g_\pi`, damped, from
+  :math:`\pi_\mathrm{ref}`. For a large group :math:`g_\pi(x) \to (x - \mathbb{E}_\pi s)/\sigma_\pi`;
+  at G = 16 on a concentrated policy, where many groups tie, it is far from that limit.
 
 No fixed point for two recipes. ``dr-grpo-k1-loss``: k1's expected gradient in the loss is 0, so nothing
 holds the policy and it climbs the score until it is deterministic. ``ppo-k3-reward``: as a reward, k3's
@@ -48,10 +51,16 @@ from ...sequences.fixed_points import per_token_fixed_point
 from ..task import ToyTask, check_task
 from .registry import RecipeSpec, get_recipe
 
-__all__ = ["recipe_fixed_point", "fixed_point_table", "expected_gradient", "score_std"]
+__all__ = ["GROUP_DRAWS", "recipe_fixed_point", "fixed_point_table", "expected_gradient", "score_std",
+           "group_advantage_curve"]
 
-# Iterations of c <- beta sigma(pi_c) G / (G - 1) for GRPO; the map contracts fast (sigma changes little
-# with c), and the loop stops once c moves by less than 1e-12 relative.
+#: Groups in the Monte Carlo quadrature of GRPO's expected advantage (:func:`group_advantage_curve`).
+GROUP_DRAWS: int = 4_000
+
+# Iterations of the self-consistent GRPO fixed point: pi -> g_pi -> the forward fixed point with the score
+# g_pi(s). Undamped it settles in about 15 iterations on the book's task (g_pi is piecewise constant in pi,
+# common random numbers); after 50 the steps are halved, in case it cycles. It stops once g moves by less
+# than 1e-10.
 _STD_ITERATIONS = 200
 
 
@@ -60,6 +69,66 @@ def score_std(space: seq.SequenceSpace, table: torch.Tensor, scores: torch.Tenso
     p = seq.sequence_logprobs(space, table).exp()
     mean = float((p * scores).sum())
     return math.sqrt(max(float((p * (scores - mean) ** 2).sum()), 0.0))
+
+
+def group_advantage_curve(
+    scores: torch.Tensor, logprobs: torch.Tensor, group_size: int, *, eps: float = 1e-4,
+    draws: int = GROUP_DRAWS, seed: int = 0,
+) -> torch.Tensor:
+    r"""GRPO's expected advantage of a sequence given its score, :math:`g_\pi(x) = \mathbb{E}\big[(x -
+    \mu_G)/(\mathrm{std}_G + \varepsilon)\big]` over the other :math:`G - 1` members of its group drawn
+    from :math:`\pi`; returned at every listed sequence's score, shape (V**T,).
+
+    :math:`\mu_G` and :math:`\mathrm{std}_G` (with Bessel's correction, as TRL and verl) are the group's
+    mean and std, the sequence itself included; a group whose scores all tie has advantage 0.
+    Since the other members are independent of the sequence, GRPO's expected gradient is
+    :math:`\mathbb{E}_\pi[g_\pi(s(y))\,\nabla\log\pi(y)]`: the score
+    replaced by :math:`g_\pi(s)`, exactly. The expectation over the others is a quadrature by Monte Carlo
+    with ``draws`` groups from a generator seeded with ``seed`` (common random numbers: the same uniforms at
+    every call, mapped through :math:`\pi`'s score distribution, so that :math:`g_\pi` is a deterministic
+    function of :math:`\pi`). It is evaluated once per distinct score.
+
+    Parameters
+    ----------
+    scores : Tensor, shape (V**T,)
+    logprobs : Tensor, shape (V**T,)
+        :math:`\log\pi(y)`.
+    group_size : int
+        G >= 2.
+    eps : float
+        Added to the std (TRL's 1e-4).
+    draws : int
+        Groups in the quadrature.
+    seed : int
+
+    Returns
+    -------
+    Tensor, shape (V**T,)
+
+    Examples
+    --------
+    Two equally likely scores and G = 2: the other member ties with probability 1/2 (advantage 0) and
+    differs otherwise, when :math:`(x - \mu)/\mathrm{std} = \pm 1/\sqrt 2`:
+
+    >>> g = group_advantage_curve(torch.tensor([0.0, 1.0], dtype=torch.float64),
+    ...                           torch.tensor([0.5, 0.5], dtype=torch.float64).log(), 2)
+    >>> [round(v, 2) for v in g.tolist()]  # -(1/2)(1/sqrt 2), +(1/2)(1/sqrt 2), within the quadrature
+    [-0.35, 0.35]
+    """
+    values, inverse = torch.unique(scores, return_inverse=True)  # (K,), (V**T,)
+    p = torch.zeros_like(values).index_add_(0, inverse, logprobs.exp())  # (K,): pi's score distribution
+    cdf = torch.cumsum(p, 0)
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.rand(draws, group_size - 1, generator=gen, dtype=values.dtype) * cdf[-1]
+    others = values[torch.searchsorted(cdf, u).clamp(max=len(values) - 1)]  # (M, G - 1)
+    s1, s2 = others.sum(-1), others.pow(2).sum(-1)  # (M,)
+    x = values[:, None]  # (K, 1)
+    mean = (x + s1) / group_size  # (K, M)
+    var = ((x.pow(2) + s2) - group_size * mean.pow(2)) / (group_size - 1)
+    std = var.clamp(min=0).sqrt()
+    adv = torch.where(std > 0, (x - mean) / (std + eps), torch.zeros_like(std))  # a tied group: no signal
+    curve = adv.mean(-1)  # (K,)
+    return curve[inverse]
 
 
 def _group_size(spec: RecipeSpec, group_size: int | None) -> int | None:
@@ -94,16 +163,15 @@ def fixed_point_table(
     kappa = 1.0 if g is None else g / (g - 1)
     if not spec.std_scaled:
         return per_token_fixed_point(space, ref_table, scores, beta * kappa, spec.fixed_point)
-    c = beta * kappa * score_std(space, ref_table, scores)
-    for _ in range(_STD_ITERATIONS):
-        table = per_token_fixed_point(space, ref_table, scores, c, spec.fixed_point)
-        c_new = beta * kappa * score_std(space, table, scores)
-        if abs(c_new - c) <= 1e-12 * c:
-            break
-        c = c_new
-    else:
-        raise RuntimeError(f"the GRPO coefficient did not settle in {_STD_ITERATIONS} iterations (c = {c})")
-    return per_token_fixed_point(space, ref_table, scores, c, spec.fixed_point)
+    ref_logprobs = seq.sequence_logprobs(space, ref_table)
+    curve = group_advantage_curve(scores, ref_logprobs, g, eps=spec.settings.eps)
+    for i in range(_STD_ITERATIONS):
+        table = per_token_fixed_point(space, ref_table, curve, beta, spec.fixed_point)
+        new = group_advantage_curve(scores, seq.sequence_logprobs(space, table), g, eps=spec.settings.eps)
+        if (new - curve).abs().max() <= 1e-10:
+            return table
+        curve = new if i < 50 else 0.5 * (curve + new)
+    raise RuntimeError(f"the GRPO fixed point did not settle in {_STD_ITERATIONS} iterations")
 
 
 def recipe_fixed_point(
@@ -161,9 +229,11 @@ def expected_gradient(
         lam = getattr(spec.settings, "lam", 1.0)
         loss = ppo_style_loss(space, theta, ref_table, scores, beta, estimator=spec.estimator, lam=lam)
     else:
-        scale = 1.0 if g is None else (g - 1) / g
         if spec.std_scaled:
-            scale /= score_std(space, torch.log_softmax(logits.detach(), -1), scores)
-        loss = grpo_style_loss(space, theta, ref_table, scale * scores, beta, estimator=spec.estimator)
+            logp = seq.sequence_logprobs(space, torch.log_softmax(logits.detach(), -1))
+            effective = group_advantage_curve(scores, logp, g, eps=spec.settings.eps)
+        else:
+            effective = scores if g is None else (g - 1) / g * scores
+        loss = grpo_style_loss(space, theta, ref_table, effective, beta, estimator=spec.estimator)
     return torch.autograd.grad(loss, theta)[0]
 
