@@ -168,3 +168,20 @@ def test_gao_fits():
         plotting.experiment.plot_gao_fits({})
     with pytest.raises(ValueError, match="at least one GaoFit"):
         plotting.experiment.plot_gao_fits({"empty": []})
+
+
+def test_recipe_fixed_points_draws_each_curve_sorted_by_kl_and_the_runs_on_them() -> None:
+    curves = {
+        "optimum": Frontier(np.array([1.0, 0.3]), np.array([0.5, 2.0]), np.zeros(2), np.array([2.0, 3.0])),
+        "forward": Frontier(np.array([1.0, 0.3]), np.array([3.0, 0.4]), np.zeros(2), np.array([1.0, 2.5])),
+    }
+    ax = plotting.plot_recipe_fixed_points(curves, runs={"forward": [(0.5, 2.4)]})
+    lines = ax.lines
+    np.testing.assert_allclose(lines[0].get_xdata(), [0.5, 2.0])
+    np.testing.assert_allclose(lines[1].get_xdata(), [0.4, 3.0])  # sorted by KL
+    np.testing.assert_allclose(lines[1].get_ydata(), [2.5, 1.0])
+    marker = lines[2]
+    assert marker.get_xdata()[0] == 0.5 and marker.get_color() == lines[1].get_color()
+    labels = [t.get_text() for t in ax.figure.legends[0].get_texts()]
+    assert labels[:2] == ["optimum", "forward"] and "trained runs" in labels[2]
+    assert ax.get_xlabel() == "KL(π ‖ π_ref) (nats)"

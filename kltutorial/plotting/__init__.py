@@ -11,7 +11,7 @@ module             figures                                                      
 ``control_study``  step response, gain sweep, the rules on one plant                               7
 ``controllers``    controller dynamics; the 2 x 2 KL / β / reward / penalised layout               8, 10, 11
 ``dynamics``       reward vs KL per β, KL over steps, per-token KL patterns                        10
-``experiment``     frontier, "!" histogram, data sweep, toy controllers, token KL                  11
+``experiment``     frontier, "!" histogram, data sweep, toy controllers, token KL, fixed points    9, 11
 ``interactive``    the β slider over π*_β (plotly, offline)                                        11
 ``diagnostics``    per-token KL heat maps, KL spike logs                                           12
 =================  ==============================================================================  ========
@@ -56,6 +56,7 @@ from .experiment import (
     plot_bang_histogram,
     plot_data_sweep,
     plot_gao_fits,
+    plot_recipe_fixed_points,
     plot_toy_controllers,
     plot_toy_frontier,
     plot_toy_token_kl,
@@ -140,6 +141,7 @@ __all__ = [
     "plot_toy_token_kl",
     "plot_training_paths",
     "plot_gao_fits",
+    "plot_recipe_fixed_points",
     "plot_optimum_slider",
     "offline_html",
     "OfflineHTML",

@@ -46,6 +46,7 @@ __all__ = [
     "plot_toy_token_kl",
     "plot_training_paths",
     "plot_gao_fits",
+    "plot_recipe_fixed_points",
 ]
 
 
@@ -451,3 +452,49 @@ def plot_gao_fits(
     if title:
         flat[0].figure.suptitle(title)
     return flat
+
+
+def plot_recipe_fixed_points(
+    curves: Mapping[str, Any],
+    *,
+    runs: Mapping[str, tuple[float, float]] | None = None,
+    ax: Axes | None = None,
+    title: str | None = None,
+) -> Axes:
+    """Gold reward against KL(π ‖ π_ref) of each placement's exact fixed points as β varies (§9), with the
+    trained runs as markers on their placement's curve.
+
+    Parameters
+    ----------
+    curves : dict label -> FixedPointCurve
+        From :func:`kltutorial.toyrlhf.recipes.fixed_point_curve` (``kl``, ``gold``, ``betas``); the first
+        is drawn as the reference line (π*_β).
+    runs : dict label -> list of (kl, gold), optional
+        Trained policies, keyed by the label of the curve they belong to; drawn with that curve's colour
+        and marker, edged in black.
+    ax : Axes, optional
+    title : str, optional
+
+    Returns
+    -------
+    Axes
+    """
+    ax = new_axes(ax, figsize=fig_size(4.6))
+    for i, (label, curve) in enumerate(curves.items()):
+        style = {"color": REFERENCE_COLOR, "linestyle": "-", "marker": "*"} if i == 0 else series_style(i - 1)
+        order = np.argsort(curve.kl)
+        ax.plot(np.asarray(curve.kl)[order], np.asarray(curve.gold)[order], color=style["color"],
+                linestyle=style["linestyle"], linewidth=1.6 if i else 2.4, label=label)
+        for kl, gold in (runs or {}).get(label, []):
+            ax.plot(kl, gold, color=style["color"], marker=style["marker"], markersize=11 if i == 0 else 8,
+                    linestyle="none",
+                    markeredgecolor="black", markeredgewidth=0.7)
+    if runs:
+        ax.plot([], [], color="white", marker="o", markeredgecolor="black", linestyle="none",
+                label="trained runs (marker: their placement)")
+    ax.set_xlabel("KL(π ‖ π_ref) (nats)")
+    ax.set_ylabel("expected gold reward (reward units)")
+    if title:
+        ax.set_title(title)
+    _legend_below(ax, ncol=2)
+    return ax

@@ -38,7 +38,9 @@ from ..task import ToyTask, check_task
 from ..trainer import train_policy
 from .common import RecipeResult, make_optimizer, run_loop
 from .fixed_points import (
+    FixedPointCurve,
     expected_gradient,
+    fixed_point_curve,
     fixed_point_table,
     group_advantage_curve,
     recipe_fixed_point,
@@ -64,6 +66,8 @@ __all__ = [
     "expected_gradient",
     "score_std",
     "group_advantage_curve",
+    "FixedPointCurve",
+    "fixed_point_curve",
     "with_reference",
 ]
 

@@ -41,7 +41,10 @@ KL's), and there is no stable point with every token kept.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ... import sequences as seq
@@ -52,7 +55,7 @@ from ..task import ToyTask, check_task
 from .registry import RecipeSpec, get_recipe
 
 __all__ = ["GROUP_DRAWS", "recipe_fixed_point", "fixed_point_table", "expected_gradient", "score_std",
-           "group_advantage_curve"]
+           "group_advantage_curve", "FixedPointCurve", "fixed_point_curve"]
 
 #: Groups in the Monte Carlo quadrature of GRPO's expected advantage (:func:`group_advantage_curve`).
 GROUP_DRAWS: int = 4_000
@@ -237,3 +240,29 @@ def expected_gradient(
         loss = grpo_style_loss(space, theta, ref_table, effective, beta, estimator=spec.estimator)
     return torch.autograd.grad(loss, theta)[0]
 
+
+
+@dataclass(frozen=True)
+class FixedPointCurve:
+    """The exact fixed points of one recipe across β: KL to the reference, expected rewards, and distance
+    to :math:`\\pi^*_\\beta`; each array of shape (K,)."""
+
+    recipe: str
+    betas: np.ndarray
+    kl: np.ndarray
+    proxy: np.ndarray
+    gold: np.ndarray
+    kl_to_optimum: np.ndarray
+
+
+def fixed_point_curve(task: ToyTask, recipe: str, betas: Sequence[float]) -> FixedPointCurve:
+    """:func:`recipe_fixed_point` of ``recipe`` at every β of ``betas`` (default group size), summarised."""
+    task = check_task(task)
+    rows = []
+    for beta in betas:
+        fp = recipe_fixed_point(task, recipe, beta)
+        opt = seq.optimal_policy(task.ref_logprobs, task.proxy_reward, beta)
+        rows.append((seq.sequence_kl(fp, task.ref_logprobs), seq.expected_reward(fp, task.proxy_reward),
+                     seq.expected_reward(fp, task.gold_reward), seq.sequence_kl(fp, opt)))
+    kl, proxy, gold, to_opt = (np.array(col) for col in zip(*rows, strict=True))
+    return FixedPointCurve(recipe, np.asarray(betas, dtype=float), kl, proxy, gold, to_opt)
