@@ -311,3 +311,32 @@ def test_table_policy_starts_at_the_reference(task) -> None:
     policy = TablePolicy(task)
     logp = policy(task.space.sequences[:10])
     assert torch.allclose(logp, task.ref_table[task.space.prefix_ids[:10]])
+
+
+def test_benchmark_prints_steps_per_second_for_both_policies(capsys: pytest.CaptureFixture[str]) -> None:
+    from kltutorial.toyrlhf import bench
+
+    rows = bench.main(["--steps", "1", "--batch-size", "64", "--recipes", "dr-grpo-k2-loss"])
+    assert [(r["recipe"], r["policy"]) for r in rows] == [
+        ("reinforce-k1-reward", "table"), ("dr-grpo-k2-loss", "table"), ("dr-grpo-k2-loss", "transformer")]
+    assert all(float(r["steps_per_s"]) > 0 for r in rows)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["recipe", "policy", "steps/s"] and out[1].rstrip().endswith("1.00x")
+
+
+def test_a_prebuilt_network_is_the_reference_of_its_run(task) -> None:
+    from kltutorial.toyrlhf.transformer import TransformerPolicy
+
+    net = TransformerPolicy(task.space, width=16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        start = seq.sequence_logprobs(task.space, net.table())
+    run = R.train_recipe(task, "dr-grpo-k3-loss", toy.TrainConfig(beta=0.3, steps=2, batch_size=64, lr=1e-3),
+                         generator=torch.Generator().manual_seed(0), policy=net)
+    assert torch.allclose(run.task.ref_logprobs, start)  # KL and fixed points are taken against it
+    assert run.kl[0] == pytest.approx(0.0, abs=1e-12) and run.kl[-1] > 0
+    with pytest.raises(TypeError, match="policy must be"):
+        R.train_recipe(task, "dr-grpo-k3-loss", toy.TrainConfig(beta=0.3), generator=torch.Generator(),
+                       policy=torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="table policy only"):
+        R.train_recipe(task, "reinforce-k1-reward", toy.TrainConfig(beta=0.3), generator=torch.Generator(),
+                       policy=net)

@@ -5,16 +5,18 @@ enough that every probability, KL divergence and expected reward of the experime
 by :mod:`kltutorial.sequences`, a sum over all of them. Only the training signal is sampled, as in real
 RLHF. One idea per module:
 
-==============  ===============================================================================
-``config``      :class:`TaskConfig` and :class:`TrainConfig`, frozen and validated
-``task``        :func:`make_task`: the reference chain :math:`\pi_\mathrm{ref}`, the gold reward, the
-                preference pairs and the Bradley–Terry proxy fitted to them; the task's exact frontier
-``trainer``     :func:`train_policy`: REINFORCE with per-token KL shaping, β fixed or set by a controller
-``policy``      :class:`~kltutorial.toyrlhf.policy.TablePolicy`, and what every trainable policy provides
-``recipes``     :func:`train_recipe`: PPO, RLOO, GRPO and Dr. GRPO with their KL placements, and
-                :func:`~.recipes.fixed_points.recipe_fixed_point`, the exact point each stops at (section 9)
-``cli``         the β sweep of ``python -m kltutorial.toyrlhf --help``
-==============  ===============================================================================
+===============  ===============================================================================
+``config``       :class:`TaskConfig` and :class:`TrainConfig`, frozen and validated
+``task``         :func:`make_task`: the reference chain :math:`\pi_\mathrm{ref}`, the gold reward, the
+                 preference pairs and the Bradley–Terry proxy fitted to them; the task's exact frontier
+``trainer``      :func:`train_policy`: REINFORCE with per-token KL shaping, β fixed or set by a controller
+``policy``       :class:`~kltutorial.toyrlhf.policy.TablePolicy`, and what every trainable policy provides
+``recipes``      :func:`train_recipe`: PPO, RLOO, GRPO and Dr. GRPO with their KL placements, and
+                 :func:`~.recipes.fixed_points.recipe_fixed_point`, the exact point each stops at (section 9)
+``transformer``  a small causal transformer policy, fitted to the reference by enumeration
+``cli``          the β sweep of ``python -m kltutorial.toyrlhf --help``
+``bench``        steps per second of each recipe, ``python -m kltutorial.toyrlhf.bench``
+===============  ===============================================================================
 
 The exact optimum :math:`\pi^*_\beta(y) \propto \pi_\mathrm{ref}(y)\, e^{r(y)/\beta}`, best-of-n, KL and
 per-position KL come from :mod:`kltutorial.sequences`. Randomness is passed in: :func:`make_task` takes two

@@ -11,7 +11,7 @@ A policy for :mod:`kltutorial.toyrlhf.recipes` is a ``torch.nn.Module`` with
 
 :class:`TablePolicy` keeps one row of logit offsets per prefix on top of the reference, so it starts at
 :math:`\pi_\mathrm{ref}` and can represent every distribution over sequences; its critic is a table with one
-value per prefix. ``kltutorial.toyrlhf.transformer.TransformerPolicy`` (being written) is the neural one.
+value per prefix. :class:`~kltutorial.toyrlhf.transformer.TransformerPolicy` is the neural one.
 
 Shapes: N sequences, T = 5 positions, V = 8 tokens, P = 4681 prefix rows.
 """

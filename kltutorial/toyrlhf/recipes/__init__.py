@@ -69,6 +69,7 @@ __all__ = [
     "FixedPointCurve",
     "fixed_point_curve",
     "with_reference",
+    "batch_gradients",
 ]
 
 #: The policies :func:`train_recipe` trains: the table (every policy representable) and a small transformer.
@@ -114,18 +115,74 @@ def _check_settings(spec: RecipeSpec, settings: object | None, config: TrainConf
     return settings
 
 
-def _policy(task: ToyTask, policy: str, generator: torch.Generator) -> tuple[torch.nn.Module, ToyTask]:
+def _policy(
+    task: ToyTask, policy: str | torch.nn.Module, generator: torch.Generator
+) -> tuple[torch.nn.Module, ToyTask]:
     """The policy module and the task whose reference it starts from."""
     from ..policy import TablePolicy
-
-    if policy == "table":
-        return TablePolicy(task), task
     from ..transformer import TransformerPolicy, fit_reference
 
-    net = TransformerPolicy(task.space, generator=generator)
-    fit_reference(net, task.ref_table)
+    if isinstance(policy, torch.nn.Module):
+        if not all(callable(getattr(policy, name, None)) for name in ("table", "values")):
+            raise TypeError(
+                "policy must be 'table', 'transformer' or a module with forward(sequences), "
+                f"values(sequences) and table(), like TransformerPolicy; got {type(policy).__name__}"
+            )
+        net = policy
+    else:
+        check_choice(policy, "policy", POLICIES)
+        if policy == "table":
+            return TablePolicy(task), task
+        net = TransformerPolicy(task.space, generator=generator)
+        fit_reference(net, task.ref_table)
     with torch.no_grad():
         return net, with_reference(task, net.table())
+
+
+class _FirstGradient:
+    """An optimiser stand-in: keeps the gradient of the first step it is asked to take, moves nothing."""
+
+    def __init__(self, param: torch.nn.Parameter) -> None:
+        self.param, self.grad = param, None
+
+    def zero_grad(self) -> None:
+        self.param.grad = None
+
+    def step(self) -> None:
+        if self.grad is None:
+            self.grad = self.param.grad.detach().clone()
+
+
+def batch_gradients(
+    task: ToyTask, recipe: str, beta: float, table: torch.Tensor, *, batch_size: int, batches: int,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    r"""The gradient of ``recipe``'s first update step on each of ``batches`` batches sampled from the table
+    policy with next-token log-probs ``table`` (P, V), with respect to its logit table; shape
+    (batches, P, V). Their mean tends to the expected gradient, their spread is the sampling noise that the
+    optimiser sees at that policy (PPO's critic starts at 0).
+    """
+    task = check_task(task)
+    spec = get_recipe(recipe)
+    if spec.algorithm == "reinforce":
+        raise ValueError(
+            "batch_gradients covers the recipes of recipes/ (REINFORCE's trainer is train_policy)"
+        )
+    from ..policy import TablePolicy
+    from .common import sample_batch
+
+    config = TrainConfig(beta=beta, batch_size=batch_size)
+    settings = _check_settings(spec, None, config)
+    policy = TablePolicy(task)
+    with torch.no_grad():
+        policy.theta.copy_(table - task.ref_table)
+    grads = []
+    for _ in range(check_positive_int(batches, "batches")):
+        recorder = _FirstGradient(policy.theta)
+        _UPDATES[spec.algorithm](policy, recorder, sample_batch(task, policy, batch_size, generator), beta,
+                                 settings, generator)
+        grads.append(recorder.grad)
+    return torch.stack(grads)
 
 
 def train_recipe(
@@ -151,10 +208,13 @@ def train_recipe(
         minibatches) and Adam's learning rate, which decays linearly to 0 over the second half.
     generator : torch.Generator
         Draws every batch, shuffles the minibatches, and initialises a neural policy.
-    policy : {"table", "transformer"}
+    policy : {"table", "transformer"} or torch.nn.Module
         The table policy (:class:`~kltutorial.toyrlhf.policy.TablePolicy`), or a small transformer
-        (``kltutorial.toyrlhf.transformer.TransformerPolicy``) first fitted to the reference chain;
-        the fitted network is then the run's reference (the result's ``task``).
+        (:class:`~kltutorial.toyrlhf.transformer.TransformerPolicy`) first fitted to the reference chain
+        (:func:`~kltutorial.toyrlhf.transformer.fit_reference`); the fitted network is then the run's
+        reference (the result's ``task``). A module (e.g. a transformer fitted once and copied for several
+        runs) is trained in place, its table at the start being the reference. A neural policy needs a
+        learning rate of its own (``TrainConfig(lr=...)``; 0.1 is the table's).
     settings : PPOSettings, RLOOSettings or GRPOSettings, optional
         The algorithm's own settings (default: the recipe's, ``get_recipe(recipe).settings``); the estimator
         and GRPO's std scaling are part of the recipe and cannot be changed here.
@@ -188,13 +248,14 @@ def train_recipe(
     if config.beta is None:
         raise ValueError("train_recipe needs a fixed beta: TrainConfig(beta=...) with beta > 0")
     generator = check_generator(generator)
-    check_choice(policy, "policy", POLICIES)
+    if not isinstance(policy, torch.nn.Module):
+        check_choice(policy, "policy", POLICIES)
     record_every = check_positive_int(record_every, "record_every")
     settings = _check_settings(spec, settings, config)
     group_size = getattr(settings, "group_size", None)
 
     if spec.algorithm == "reinforce":
-        if policy != "table":
+        if isinstance(policy, torch.nn.Module) or policy != "table":
             raise ValueError(
                 "reinforce-k1-reward trains the table policy only (its critic is a table of prefixes); "
                 "ppo-k1-reward is the same penalty with a value head"
