@@ -22,6 +22,7 @@ import torch
 
 from .. import sequences as seq
 from .task import ToyTask, check_task
+from .trainer import update_running_values
 
 __all__ = ["TablePolicy", "prefix_rows"]
 
@@ -75,6 +76,7 @@ class TablePolicy(torch.nn.Module):
         P, V = task.ref_table.shape
         self.theta = torch.nn.Parameter(torch.zeros(P, V, dtype=torch.float64))  # (P, V) logit offsets
         self.value = torch.nn.Parameter(torch.zeros(P, dtype=torch.float64))  # (P,) critic
+        self.register_buffer("visits", torch.zeros(P, dtype=torch.float64))  # (P,) the critic's visit counts
 
     def table(self) -> torch.Tensor:
         """Next-token log-probs of every prefix row, shape (P, V)."""
@@ -87,3 +89,14 @@ class TablePolicy(torch.nn.Module):
     def values(self, sequences: torch.Tensor) -> torch.Tensor:
         """The value table at every position's prefix, shape (N, T)."""
         return self.value[prefix_rows(self.space, sequences)]
+
+    def fit_values(self, sequences: torch.Tensor, returns: torch.Tensor, min_step: float = 0.2) -> None:
+        """Move each visited prefix's value towards the batch mean of its returns (N, T), in place.
+
+        The table's critic is fitted as :func:`~kltutorial.toyrlhf.train_policy`'s is: a running mean of a
+        prefix's returns, then an exponential average with weight at least ``min_step``, so that it follows
+        the policy. (A network's value head is fitted by regression inside PPO's loss instead.)
+        """
+        with torch.no_grad():
+            update_running_values(self.value.data, self.visits, prefix_rows(self.space, sequences), returns,
+                                  min_step)

@@ -109,7 +109,7 @@ def _exact_summary(task: ToyTask, policy: torch.Tensor) -> tuple[float, float, f
     )
 
 
-def _critic_update(
+def update_running_values(
     value: torch.Tensor, visits: torch.Tensor, rows: torch.Tensor, returns: torch.Tensor,
     min_step: float,
 ) -> None:
@@ -217,7 +217,7 @@ def train_policy(
         loss.backward()
         opt.step()
         sched.step()
-        _critic_update(value, visits, rows, togo, min_step=config.critic_min_step)
+        update_running_values(value, visits, rows, togo, min_step=config.critic_min_step)
         controller.update(float(per_seq.mean()), n_steps=B)  # 5.
         hist["kl"].append(kl)
         hist["kl_sampled"].append(float(per_seq.mean()))
