@@ -484,7 +484,8 @@ def plot_recipe_fixed_points(
         style = {"color": REFERENCE_COLOR, "linestyle": "-", "marker": "*"} if i == 0 else series_style(i - 1)
         order = np.argsort(curve.kl)
         ax.plot(np.asarray(curve.kl)[order], np.asarray(curve.gold)[order], color=style["color"],
-                linestyle=style["linestyle"], linewidth=1.6 if i else 2.4, label=label)
+                linestyle=style["linestyle"], linewidth=1.6 if i else 2.4, marker=".", markersize=4,
+                label=label)  # a dot at each computed fixed point
         for kl, gold in (runs or {}).get(label, []):
             ax.plot(kl, gold, color=style["color"], marker=style["marker"], markersize=11 if i == 0 else 8,
                     linestyle="none",
