@@ -419,3 +419,16 @@ def test_the_fixed_beta_sweep_is_one_constant(capsys):
     with pytest.raises(SystemExit):
         toy.main(["--help"])
     assert "default: the book's sweep, 1 0.5 0.3 0.2 0.15 0.1)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_command_line_trains_the_transformer_against_its_own_reference(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = toy.main(["--recipe", "dr-grpo-k3-loss", "--policy", "transformer", "--steps", "2", "--batch-size",
+                     "64", "--betas", "0.3"])
+    row = rows[0]
+    assert row["kl"] > 0 and row["kl_to_fixed"] > 0 and 0 <= row["floor"] < row["kl_to_fixed"]
+    out = capsys.readouterr().out
+    assert "transformer policy" in out and "floor" in out
+    with pytest.raises(SystemExit):
+        toy.main(["--recipe", "reinforce-k1-reward", "--policy", "transformer", "--steps", "1"])

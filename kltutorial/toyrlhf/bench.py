@@ -20,12 +20,9 @@ import torch
 from .config import TaskConfig, TrainConfig
 from .recipes import RECIPES, get_recipe, train_recipe
 from .task import ToyTask, make_task
-from .transformer import TransformerPolicy, fit_reference
+from .transformer import TRANSFORMER_LR, TransformerPolicy, fit_reference
 
 __all__ = ["recipe_speeds", "format_speeds", "main"]
-
-#: The learning rate of the transformer's timings (the table's 0.1 would not suit a network).
-TRANSFORMER_LR: float = 1e-3
 
 
 def recipe_speeds(

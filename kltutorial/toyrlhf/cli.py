@@ -10,6 +10,7 @@ generator per training run.
 from __future__ import annotations
 
 import argparse
+import copy
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,8 +19,9 @@ from tqdm import tqdm
 
 from .. import sequences as seq
 from .config import FIXED_BETAS, TaskConfig, TrainConfig
-from .recipes import RECIPES, get_recipe, recipe_fixed_point, train_recipe
+from .recipes import POLICIES, RECIPES, get_recipe, recipe_fixed_point, train_recipe
 from .task import make_task
+from .transformer import TRANSFORMER_LR, TransformerPolicy, distill, fit_reference
 
 __all__ = ["main"]
 
@@ -35,6 +37,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     parser.add_argument("--recipe", choices=RECIPES, default=RECIPES[0], metavar="NAME",
                         help="the recipe to train (default %(default)s): "
                         + "; ".join(f"{name}: {get_recipe(name).summary}" for name in RECIPES))
+    parser.add_argument("--policy", choices=POLICIES, default="table",
+                        help="the table policy (default) or a small transformer fitted to the reference, "
+                        "which is then the runs' reference; a transformer run also reports the floor of "
+                        "distilling its fixed point into the same network")
     parser.add_argument("--seed", type=int, default=0, help="task and training seed, >= 0 (default 0)")
     parser.add_argument("--n-pairs", type=int, default=TaskConfig.n_pairs,
                         help=f"preference pairs the proxy is fitted to (default {TaskConfig.n_pairs})")
@@ -42,8 +48,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
                         help=f"training steps per β (default {TrainConfig.steps})")
     parser.add_argument("--batch-size", type=int, default=TrainConfig.batch_size,
                         help=f"sequences per step (default {TrainConfig.batch_size})")
-    parser.add_argument("--lr", type=float, default=TrainConfig.lr,
-                        help=f"Adam learning rate (default {TrainConfig.lr})")
+    parser.add_argument("--lr", type=float, default=None,
+                        help=f"Adam learning rate (default {TrainConfig.lr} for the table, "
+                        f"{TRANSFORMER_LR:g} for the transformer)")
     parser.add_argument("--betas", type=float, nargs="+", default=list(FIXED_BETAS),
                         help="KL coefficients to train (default: the book's sweep, "
                              + " ".join(f"{b:g}" for b in FIXED_BETAS) + ")")
@@ -52,42 +59,59 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
         parser.error(f"--seed must be >= 0 (it seeds NumPy and torch generators), got {args.seed}")
     try:  # the configs' own messages (TrainConfig.steps must be ..., ...) as usage errors
         task_config = TaskConfig(n_pairs=args.n_pairs)
-        runs = [TrainConfig(beta=b, steps=args.steps, batch_size=args.batch_size, lr=args.lr)
+        lr = args.lr if args.lr is not None else (TRANSFORMER_LR if args.policy == "transformer"
+                                                  else TrainConfig.lr)
+        runs = [TrainConfig(beta=b, steps=args.steps, batch_size=args.batch_size, lr=lr)
                 for b in args.betas]
     except (TypeError, ValueError) as err:
         parser.error(str(err))
 
     task = make_task(task_config, rng=np.random.default_rng(args.seed),
                      data_rng=np.random.default_rng([args.seed, args.n_pairs, 0]))
+    fitted = None
+    if args.policy == "transformer":  # fitted once; every run starts from a copy and takes it as reference
+        if get_recipe(args.recipe).algorithm == "reinforce":
+            parser.error(f"{args.recipe} trains the table policy only; try --recipe ppo-k1-reward")
+        fitted = TransformerPolicy(task.space, generator=torch.Generator().manual_seed(args.seed))
+        fit_reference(fitted, task.ref_table)
     rows = []
     for config in tqdm(runs, desc=f"{args.recipe}, β sweep"):
+        policy = copy.deepcopy(fitted) if fitted is not None else "table"
         try:  # e.g. a batch size that is not a multiple of the recipe's group size
             run = train_recipe(task, args.recipe, config, generator=torch.Generator().manual_seed(args.seed),
-                               progress=True)
+                               policy=policy, progress=True)
         except ValueError as err:
             parser.error(str(err))
-        optimum = seq.optimal_policy(task.ref_logprobs, task.proxy_reward, config.beta)
-        if get_recipe(args.recipe).fixed_point is None:
-            kl_to_fixed = float("nan")  # no fixed point: the recipe has no regulariser
-        else:
-            fixed = recipe_fixed_point(task, args.recipe, config.beta, group_size=run.group_size)
+        ref = run.task  # the chain, or the fitted network
+        optimum = seq.optimal_policy(ref.ref_logprobs, ref.proxy_reward, config.beta)
+        kl_to_fixed = floor = float("nan")  # no fixed point: the recipe has no regulariser
+        if get_recipe(args.recipe).fixed_point is not None:
+            fixed = recipe_fixed_point(ref, args.recipe, config.beta, group_size=run.group_size)
             kl_to_fixed = seq.sequence_kl(run.logprobs, fixed)
+            if fitted is not None:  # the best this network does on the same target
+                floor = distill(copy.deepcopy(fitted), fixed)
         rows.append({
             "recipe": args.recipe,
             "beta": config.beta,
-            "kl": seq.sequence_kl(run.logprobs, task.ref_logprobs),
-            "opt_kl": seq.sequence_kl(optimum, task.ref_logprobs),
+            "kl": seq.sequence_kl(run.logprobs, ref.ref_logprobs),
+            "opt_kl": seq.sequence_kl(optimum, ref.ref_logprobs),
             "proxy": seq.expected_reward(run.logprobs, task.proxy_reward),
             "gold": seq.expected_reward(run.logprobs, task.gold_reward),
             "kl_to_opt": seq.sequence_kl(run.logprobs, optimum),
             "kl_to_fixed": kl_to_fixed,
+            "floor": floor,
         })
-    print(f"recipe {args.recipe}; KL* is pi*_beta's KL to pi_ref, fixed point: where the recipe's expected "
-          "gradient vanishes (- where it has none)")
+    print(f"recipe {args.recipe}, {args.policy} policy; KL* is pi*_beta's KL to pi_ref, fixed point: "
+          "where the recipe's expected gradient vanishes (- where it has none)"
+          + ("; floor: KL(pi||fixed) of the fixed point distilled into the same network" if fitted else ""))
     print(f"{'beta':>6} {'KL':>8} {'KL*':>8} {'proxy':>8} {'gold':>8} {'KL(pi||pi*)':>12} "
-          f"{'KL(pi||fixed)':>14}")
+          f"{'KL(pi||fixed)':>14}" + (f" {'floor':>8}" if fitted else ""))
+
+    def cell(x: float, width: int) -> str:
+        return f"{'-':>{width}}" if x != x else f"{x:>{width}.4f}"
+
     for r in rows:
-        fixed = "-" if r["kl_to_fixed"] != r["kl_to_fixed"] else f"{r['kl_to_fixed']:.4f}"
         print(f"{r['beta']:>6.3g} {r['kl']:>8.3f} {r['opt_kl']:>8.3f} {r['proxy']:>8.3f} "
-              f"{r['gold']:>8.3f} {r['kl_to_opt']:>12.4f} {fixed:>14}")
+              f"{r['gold']:>8.3f} {r['kl_to_opt']:>12.4f} {cell(r['kl_to_fixed'], 14)}"
+              + (f" {cell(r['floor'], 8)}" if fitted else ""))
     return rows

@@ -33,7 +33,11 @@ from .._validation import (
     check_token_ids,
 )
 
-__all__ = ["TransformerPolicy", "fit_reference", "distill", "sequence_logprobs_of"]
+__all__ = ["TRANSFORMER_LR", "TransformerPolicy", "fit_reference", "distill", "sequence_logprobs_of"]
+
+#: Adam's learning rate for training the network with a recipe (the table policy's 0.1 would not suit it):
+#: ``ppo-k1-reward`` at beta = 0.3 ends about 0.013 nats from its fixed point after 100 steps with it.
+TRANSFORMER_LR: float = 1e-3
 
 _DTYPE = torch.float64
 
