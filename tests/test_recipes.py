@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
 
@@ -24,18 +23,12 @@ from kltutorial.toyrlhf.recipes.rloo import leave_one_out_advantages
 REGULARISED = [name for name in R.RECIPES if R.get_recipe(name).fixed_point is not None]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def task() -> toy.ToyTask:
-    return toy.make_task(toy.TaskConfig(), rng=np.random.default_rng(0),
-                         data_rng=np.random.default_rng([0, 100, 0]))
+def task(toy_task) -> toy.ToyTask:
+    return toy_task
 
 
 def _small(seed: int = 0, V: int = 3, T: int = 3):

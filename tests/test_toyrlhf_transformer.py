@@ -19,19 +19,12 @@ def _gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """The tensors are small: one thread is faster on a shared machine. Restored after this module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def task() -> toy.ToyTask:
-    return toy.make_task(toy.TaskConfig(), rng=np.random.default_rng(0),
-                         data_rng=np.random.default_rng([0, 100, 0]))
+def task(toy_task) -> toy.ToyTask:
+    return toy_task
 
 
 @pytest.fixture(scope="module")

@@ -277,7 +277,6 @@ def train_recipe(
     steps, kl, proxy, gold = run_loop(
         run_task, module, config, lambda batch, beta: step(module, opt, batch, beta, settings, generator),
         generator=generator, scheduler=sched, record_every=record_every, progress=progress, desc=spec.name,
-        average_from=__import__('os').environ.get('AVG') and int(__import__('os').environ['AVG']),
     )
     with torch.no_grad():
         logprobs = seq.sequence_logprobs(task.space, module.table())

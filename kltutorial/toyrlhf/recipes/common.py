@@ -127,11 +127,6 @@ def minibatches(size: int, count: int, generator: torch.Generator) -> Iterator[t
     yield from perm.reshape(count, size // count)
 
 
-def group_rows(size: int, group_size: int) -> torch.Tensor:
-    """Row indices arranged (B / G, G): consecutive samples form a group, as GRPO samples G per prompt."""
-    return torch.arange(size).reshape(size // group_size, group_size)
-
-
 def make_optimizer(
     params: Iterator[torch.nn.Parameter], config: TrainConfig
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
@@ -162,7 +157,6 @@ def run_loop(
     record_every: int,
     progress: bool,
     desc: str,
-    average_from: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The training loop: every step sample a batch, call ``update(batch, beta)``, step the schedule.
 
@@ -178,23 +172,11 @@ def run_loop(
         hist.append((step, kl, seq.expected_reward(logp, task.proxy_reward),
                      seq.expected_reward(logp, task.gold_reward)))
 
-    params = [p for p in policy.parameters()]
-    mean = [torch.zeros_like(p) for p in params]
-    count = 0
     for step in tqdm(range(config.steps), disable=not progress, desc=desc, leave=False):
         if step % record_every == 0:
             record(step)
         update(sample_batch(task, policy, config.batch_size, generator), config.beta)
         scheduler.step()
-        if average_from is not None and step + 1 > average_from:
-            count += 1
-            with torch.no_grad():
-                for m, p in zip(mean, params, strict=True):
-                    m += (p - m) / count
-    if count:
-        with torch.no_grad():
-            for m, p in zip(mean, params, strict=True):
-                p.copy_(m)
     record(config.steps)
     steps, kl, proxy, gold = (np.array(col) for col in zip(*hist, strict=True))
     return steps, kl, proxy, gold
