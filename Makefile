@@ -74,7 +74,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 unit-tests: $(STAMP)
-	$(call pytest_strict,tests kltutorial tools/nbval_numeric.py --doctest-modules -m "not book")
+	$(call pytest_strict,$(XDIST) tests kltutorial tools/nbval_numeric.py --doctest-modules -m "not book")
+
+# Unit tests and nbval run on up to four worker processes (pytest-xdist); nbval keeps each
+# notebook on one worker (--dist loadfile), its cells in order in one kernel.
+XDIST = -n auto --maxprocesses 4
 
 # Strict nbval: every output of every code cell is compared with the stored one. Numbers
 # are compared as numbers, within one unit of their last printed digit (tools/nbval_numeric.py,
@@ -82,7 +86,7 @@ unit-tests: $(STAMP)
 # (memory addresses). It runs twice: on this machine's native kernels, and on a second set
 # (tools/second_kernels.py: torch's scalar ATen kernels, NumPy's baseline SIMD, MKL/oneDNN/
 # OpenBLAS on SSE), so that an output only the producing CPU reproduces fails here, not in CI.
-NBVAL_ARGS = --nbval --nbval-current-env --nbval-cell-timeout=180 \
+NBVAL_ARGS = $(XDIST) --dist loadfile --nbval --nbval-current-env --nbval-cell-timeout=180 \
 	--nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider $(NOTEBOOKS)
 
 nbval: nbval-native nbval-second-kernels
