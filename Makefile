@@ -35,7 +35,7 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export KLTUTORIAL_HTML_DIR := $(CURDIR)/$(HTML)
 
 .PHONY: help venv book test lint unit-tests nbval nbval-native nbval-second-kernels book-verified html-check \
-	notebooks lab clean
+	chromium notebooks lab clean
 
 help:
 	@sed -n '3,7s/^# //p' Makefile
@@ -64,6 +64,7 @@ book: $(STAMP)
 # Tests. Each step is its own pytest run: the unit tests never execute notebooks,
 # nbval never collects tests/*.py, and the browser check runs after the build.
 test: $(STAMP)
+	$(MAKE) --no-print-directory chromium
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory unit-tests
 	$(MAKE) --no-print-directory nbval
@@ -112,8 +113,24 @@ book-verified: $(STAMP)
 # width (tests/test_book_html.py: errors, requests, MathJax, wide content, images and
 # figures, links, the ☰ button, dark mode, search; screenshots in $(BUILD)/screenshots),
 # and open a MyST notebook in the venv's JupyterLab and run it (tests/test_jupyterlab.py).
-html-check: $(STAMP)
+html-check: $(STAMP) chromium
 	$(call pytest_strict,tests -m book)
+
+# The browser checks need Debian's Chromium (or $$CHROMIUM); a check that cannot start fails, it never
+# skips. Where the browser is missing it is installed from Debian as root; otherwise this stops and
+# prints the command. Checked first in `make test`, so a missing browser fails in seconds.
+CHROMIUM_BIN ?= $(or $(CHROMIUM),/usr/bin/chromium)
+chromium:
+	@if [ -x "$(CHROMIUM_BIN)" ]; then exit 0; fi; \
+	if [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then \
+		echo "== installing Chromium from Debian for the browser checks"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	fi; \
+	if [ ! -x "$(CHROMIUM_BIN)" ]; then \
+		echo "error: the browser checks need Chromium at $(CHROMIUM_BIN): run" >&2; \
+		echo "  sudo apt-get install chromium   (or set CHROMIUM=/path/to/chromium)" >&2; \
+		exit 1; \
+	fi
 
 # pytest exits with 5 when it collected nothing: that is a failure here, said plainly.
 define pytest_strict

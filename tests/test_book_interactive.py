@@ -10,7 +10,7 @@ is a plotly plot whose JavaScript comes from the build (``_static/plotly.min.js`
   and the read-out line above the plot;
 * nothing was logged at error level.
 
-The browser, its offline flags and the skip/fail rule without Chromium are those of
+The browser, its offline flags and the failure without Chromium are those of
 ``tests/test_book_html.py``.
 """
 

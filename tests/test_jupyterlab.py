@@ -20,7 +20,7 @@ A screenshot goes to ``screenshots/jupyterlab/`` next to the built book's HTML f
 tests/test_book_html.py). The server is stopped at the end by killing its process group.
 
 Marked ``book``, so it runs in ``make html-check`` (the unit-test run deselects it). Without
-Chromium or jupyterlab-myst it skips locally and fails when ``CI`` is set.
+Chromium or jupyterlab-myst it fails (never skips).
 """
 
 from __future__ import annotations
