@@ -15,6 +15,8 @@ module                what it holds                                         sect
 ``objective``         per-token reward shaping; the penalised objective     5, 8
 ``placement``         KL in the reward (then GAE) or in the loss, exactly   9
 ``controllers``       fixed, proportional, doubling, exponential beta       7, 8
+``compat``            the peers' signatures (``compat.trl``, ``.verl``,     8
+                      ``.openrlhf``) over the package's code
 ``control_study``     step response, gain and settling of the controllers   7
 ``beta_scale``        reward scale, sum vs token-mean targets, sweeps       6
 ``reference_cost``    reference log-probs reused; LoRA's disabled adapter   6
@@ -33,7 +35,9 @@ module                what it holds                                         sect
 ====================  ====================================================  ========
 
 Shape vocabulary used in every docstring: ``B`` batch, ``T`` tokens (positions), ``V`` vocabulary,
-``N`` samples. KL is in nats throughout.
+``N`` samples. KL is in nats throughout. One name per quantity: ``beta`` (the libraries' ``kl_coef``,
+``init_kl_coef``), ``target_kl`` (their ``target``), ``horizon``, ``n_steps``; the libraries' own
+spellings are in ``compat``.
 """
 
 from .controllers import (

@@ -32,7 +32,6 @@ __all__ = [
     "check_choice",
     "check_rng",
     "check_generator",
-    "one_spelling",
 ]
 
 
@@ -257,16 +256,3 @@ def check_generator(generator: object, name: str = "generator") -> torch.Generat
         )
     return generator
 
-
-def one_spelling(**spellings: object) -> tuple[str, object]:
-    """Return ``(name, value)`` of the one spelling of an argument that was passed (not ``None``).
-
-    The first keyword is the book's name, the others the aliases a library uses (``beta``,
-    ``init_kl_coef``, ``kl_coef``). Passing two spellings of one argument is a ``TypeError`` that
-    names both; passing none returns ``(first name, None)``, for the caller to apply its default.
-    """
-    given = [(n, v) for n, v in spellings.items() if v is not None]
-    if len(given) > 1:
-        names = " and ".join(n for n, _ in given)
-        raise TypeError(f"{names} are spellings of the same argument; pass only one of them")
-    return given[0] if given else (next(iter(spellings)), None)

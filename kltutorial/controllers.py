@@ -4,19 +4,19 @@ All controllers share one interface, the one TRL, OpenRLHF and verl use, so that
 those libraries can be swapped for one of these:
 
 - ``.value`` is the current coefficient :math:`\beta`;
-- ``update(current_kl, n_steps=1)`` takes the KL measured with that :math:`\beta` and returns the next
-  one (the libraries return ``None``); the KL may also be passed as ``current=`` (TRL's and OpenRLHF's
-  spelling) or ``current_kl=`` (verl's);
+- ``update(kl, n_steps=1)`` takes the KL measured with that :math:`\beta` and returns the next one (the
+  libraries return ``None`` and name the KL ``current``, TRL and OpenRLHF, or ``current_kl``, verl);
 - ``.history`` holds what a plot needs, and ``state_dict()`` / ``load_state_dict()`` save and restore
   the state (the coefficient and the history) for a checkpoint.
 
 The rule itself is the pure method ``next_beta``, which works elementwise on NumPy arrays, so that a
 simulation over many seeds uses exactly the same code.
 
-Every constructor takes the initial coefficient as ``beta``, the book's :math:`\beta`, and accepts the
-libraries' spellings ``init_kl_coef`` (their adaptive controllers) and ``kl_coef`` (their fixed
-controllers, and verl's config); a target as ``target_kl`` (verl) or ``target`` (TRL, OpenRLHF).
-Passing two spellings of one argument is a ``TypeError``.
+One vocabulary: every constructor takes the initial coefficient as ``beta``, the book's :math:`\beta`,
+and a target as ``target_kl``; the proportional rule's horizon is ``horizon`` and ``update`` counts
+``n_steps``. The libraries' own spellings (``init_kl_coef``, ``kl_coef``, ``target``, ``current``) and
+their ``update`` returning ``None`` are in :mod:`kltutorial.compat`, whose controllers are these rules
+behind the peers' signatures.
 
 - :class:`FixedKLController`: :math:`\beta` never changes.
 - :class:`AdaptiveKLController`: the proportional controller of Ziegler et al. (2019),
@@ -47,7 +47,6 @@ from ._validation import (
     check_nonnegative_int,
     check_positive,
     check_real,
-    one_spelling,
 )
 
 __all__ = [
@@ -84,17 +83,6 @@ class ControllerHistory:
     beta: np.ndarray
 
 
-def _initial_beta(beta: object, init_kl_coef: object, kl_coef: object, default: float) -> tuple[str, float]:
-    """The initial coefficient under whichever spelling was passed, and that spelling (for messages)."""
-    name, value = one_spelling(beta=beta, init_kl_coef=init_kl_coef, kl_coef=kl_coef)
-    return name, default if value is None else value
-
-
-def _target(target_kl: object, target: object, default: float) -> float:
-    name, value = one_spelling(target_kl=target_kl, target=target)
-    return check_positive(default if value is None else value, name)
-
-
 class KLController:
     """Base class: the state (the current coefficient and the history), ``update`` and checkpoints.
 
@@ -114,8 +102,28 @@ class KLController:
 
     @property
     def value(self) -> float:
-        r"""The current coefficient :math:`\beta`."""
+        r"""The current coefficient :math:`\beta`.
+
+        Settable, as the libraries' ``kl_ctl.value = ...``: the new value replaces the coefficient in
+        force, also as the last entry of ``history.beta`` (the next update starts from it).
+
+        Examples
+        --------
+        >>> c = AdaptiveKLController(0.2, target_kl=6.0, horizon=100)
+        >>> c.value = 0.05
+        >>> c.update(6.0), c.history.beta.tolist()
+        (0.05, [0.05, 0.05])
+        """
         return self._beta
+
+    @value.setter
+    def value(self, beta: float) -> None:
+        check = check_coef if self._beta_may_be_zero else check_positive
+        beta = check(beta, "value")
+        low, high = getattr(self, "min_coef", 0.0), getattr(self, "max_coef", _HUGE)
+        if not low <= beta <= high:
+            raise ValueError(f"value must lie in [min_coef, max_coef] = [{low}, {high}], got {beta}")
+        self._beta = self._betas[-1] = beta
 
     @property
     def history(self) -> ControllerHistory:
@@ -129,16 +137,14 @@ class KLController:
         """
         raise NotImplementedError
 
-    def update(
-        self, current_kl: float | None = None, n_steps: int = 1, *, current: float | None = None
-    ) -> float:
+    def update(self, kl: float, n_steps: int = 1) -> float:
         """Observe the KL measured with the current coefficient; return the new coefficient.
 
         Parameters
         ----------
-        current_kl : float
+        kl : float
             The KL of the latest batch (in the units the target uses: nats per sequence or per token).
-            A 0-d tensor or array is accepted; ``current`` is another spelling (TRL, OpenRLHF).
+            A 0-d tensor or array is accepted.
         n_steps : int
             Number of training steps (or samples, as the libraries count) since the last update; only
             the proportional controller scales its step by it. ``0`` means nothing happened since the
@@ -149,10 +155,7 @@ class KLController:
         float
             The new coefficient, also ``.value``.
         """
-        name, kl = one_spelling(current_kl=current_kl, current=current)
-        if kl is None:
-            raise TypeError("update() needs the KL measured with the current coefficient: pass current_kl")
-        kl = check_real(kl, name)
+        kl = check_real(kl, "kl")
         n = check_nonnegative_int(n_steps, "n_steps")
         if n == 0:
             return self._beta
@@ -213,16 +216,13 @@ class FixedKLController(KLController):
     Parameters
     ----------
     beta : float
-        The coefficient, >= 0 (default 0.1). Also accepted as ``kl_coef`` or ``init_kl_coef``.
+        The coefficient, >= 0 (default 0.1).
     """
 
     _beta_may_be_zero = True
 
-    def __init__(
-        self, beta: float | None = None, *, kl_coef: float | None = None, init_kl_coef: float | None = None
-    ) -> None:
-        name, value = _initial_beta(beta, init_kl_coef, kl_coef, default=0.1)
-        self._start(check_coef(value, name))
+    def __init__(self, beta: float = 0.1) -> None:
+        self._start(check_coef(beta, "beta"))
 
     def __repr__(self) -> str:
         return f"FixedKLController(beta={self._betas[0]!r})"
@@ -249,9 +249,9 @@ class AdaptiveKLController(KLController):
     Parameters
     ----------
     beta : float
-        Initial :math:`\beta` > 0 (default 0.2). Also accepted as ``init_kl_coef`` or ``kl_coef``.
+        Initial :math:`\beta` > 0 (default 0.2).
     target_kl : float
-        Target KL > 0 (default 6 nats per sequence). Also accepted as ``target``.
+        Target KL > 0 (default 6 nats per sequence).
     horizon : float
         :math:`H` > 0 (default 10000).
 
@@ -273,8 +273,9 @@ class AdaptiveKLController(KLController):
     ``n_steps`` and continuous, and leaves every ordinary update untouched. (The continuous-time limit
     :math:`\beta\,e^{e_t n/H}` would be smoother but would change every update, and underflows to 0.)
 
-    **Interface.** ``update`` returns the new :math:`\beta` (theirs return ``None``), takes the KL as
-    ``current_kl``, ``current`` or positionally, defaults ``n_steps`` to 1 and treats 0 as no update.
+    **Interface.** ``update(kl, n_steps=1)`` returns the new :math:`\beta` (theirs return ``None`` and name
+    the KL ``current`` or ``current_kl``: :mod:`kltutorial.compat` has their signatures) and treats
+    ``n_steps=0`` as no update.
     Inputs are checked (theirs divide by a zero target or accept a NaN KL without a word).
 
     **Defaults.** lm-human-preferences: ``kl_coef`` 0.2, ``horizon`` 10000 episodes, no target (its
@@ -296,26 +297,11 @@ class AdaptiveKLController(KLController):
     D. Ziegler et al., "Fine-Tuning Language Models from Human Preferences", 2019.
     """
 
-    def __init__(
-        self,
-        beta: float | None = None,
-        target_kl: float | None = None,
-        horizon: float = 10000.0,
-        *,
-        init_kl_coef: float | None = None,
-        kl_coef: float | None = None,
-        target: float | None = None,
-    ) -> None:
-        name, value = _initial_beta(beta, init_kl_coef, kl_coef, default=0.2)
-        initial = check_positive(value, name)
-        self.target_kl = _target(target_kl, target, default=6.0)
+    def __init__(self, beta: float = 0.2, target_kl: float = 6.0, horizon: float = 10000.0) -> None:
+        initial = check_positive(beta, "beta")
+        self.target_kl = check_positive(target_kl, "target_kl")
         self.horizon = check_positive(horizon, "horizon")
         self._start(initial)
-
-    @property
-    def target(self) -> float:
-        """The target KL under the libraries' name (read-only; the book's name is ``target_kl``)."""
-        return self.target_kl
 
     def __repr__(self) -> str:
         return (
@@ -334,27 +320,18 @@ class AdaptiveKLController(KLController):
 class _ClampedKLController(KLController):
     """Shared checks of the rules that clamp β to ``[min_coef, max_coef]`` and have a target."""
 
-    def _start_clamped(
-        self, beta: object, init_kl_coef: object, kl_coef: object, target_kl: object, target: object,
-        min_coef: object, max_coef: object,
-    ) -> None:
-        name, value = _initial_beta(beta, init_kl_coef, kl_coef, default=0.1)
-        initial = check_positive(value, name)
+    def _start_clamped(self, beta: object, target_kl: object, min_coef: object, max_coef: object) -> None:
+        initial = check_positive(beta, "beta")
         self.min_coef = check_positive(min_coef, "min_coef")
         self.max_coef = check_positive(max_coef, "max_coef")
         if self.min_coef > self.max_coef:
             raise ValueError(f"min_coef must be <= max_coef, got {self.min_coef} > {self.max_coef}")
         if not self.min_coef <= initial <= self.max_coef:
             raise ValueError(
-                f"{name} must lie in [min_coef, max_coef] = [{self.min_coef}, {self.max_coef}], got {initial}"
+                f"beta must lie in [min_coef, max_coef] = [{self.min_coef}, {self.max_coef}], got {initial}"
             )
-        self.target_kl = _target(target_kl, target, default=6.0)
+        self.target_kl = check_positive(target_kl, "target_kl")
         self._start(initial)
-
-    @property
-    def target(self) -> float:
-        """The target KL under the libraries' name (read-only; the book's name is ``target_kl``)."""
-        return self.target_kl
 
 
 class DoublingKLController(_ClampedKLController):
@@ -373,10 +350,9 @@ class DoublingKLController(_ClampedKLController):
     Parameters
     ----------
     beta : float
-        Initial :math:`\beta`, within ``[min_coef, max_coef]`` (default 0.1). Also accepted as
-        ``init_kl_coef`` or ``kl_coef``.
+        Initial :math:`\beta`, within ``[min_coef, max_coef]`` (default 0.1).
     target_kl : float
-        Target KL, > 0 (default 6). Also accepted as ``target``.
+        Target KL, > 0 (default 6).
     factor : float
         :math:`f` > 1, the multiplicative step (2: doubling).
     band : float
@@ -388,20 +364,16 @@ class DoublingKLController(_ClampedKLController):
 
     def __init__(
         self,
-        beta: float | None = None,
-        target_kl: float | None = None,
+        beta: float = 0.1,
+        target_kl: float = 6.0,
         factor: float = 2.0,
         band: float = 1.5,
         min_coef: float = 1e-3,
         max_coef: float = 10.0,
-        *,
-        init_kl_coef: float | None = None,
-        kl_coef: float | None = None,
-        target: float | None = None,
     ) -> None:
         self.factor = check_greater(factor, "factor", 1.0)
         self.band = check_greater(band, "band", 1.0)
-        self._start_clamped(beta, init_kl_coef, kl_coef, target_kl, target, min_coef, max_coef)
+        self._start_clamped(beta, target_kl, min_coef, max_coef)
 
     def __repr__(self) -> str:
         return (
@@ -434,10 +406,9 @@ class ExponentialKLController(_ClampedKLController):
     Parameters
     ----------
     beta : float
-        Initial :math:`\beta`, within ``[min_coef, max_coef]`` (default 0.1). Also accepted as
-        ``init_kl_coef`` or ``kl_coef``.
+        Initial :math:`\beta`, within ``[min_coef, max_coef]`` (default 0.1).
     target_kl : float
-        Target KL, > 0 (default 6). Also accepted as ``target``.
+        Target KL, > 0 (default 6).
     gain : float
         :math:`g` > 0 (the handbook uses 0.12).
     min_coef, max_coef : float
@@ -446,18 +417,14 @@ class ExponentialKLController(_ClampedKLController):
 
     def __init__(
         self,
-        beta: float | None = None,
-        target_kl: float | None = None,
+        beta: float = 0.1,
+        target_kl: float = 6.0,
         gain: float = 0.12,
         min_coef: float = 0.02,
         max_coef: float = 0.5,
-        *,
-        init_kl_coef: float | None = None,
-        kl_coef: float | None = None,
-        target: float | None = None,
     ) -> None:
         self.gain = check_positive(gain, "gain")
-        self._start_clamped(beta, init_kl_coef, kl_coef, target_kl, target, min_coef, max_coef)
+        self._start_clamped(beta, target_kl, min_coef, max_coef)
 
     def __repr__(self) -> str:
         return (

@@ -10,8 +10,8 @@ Two ways to put the penalty to work, both on log-probs of tokens sampled from th
   with the full-vocabulary KL at each position, summed along the response, next to the sampled estimate.
   It is a value to log, not a loss: its autograd gradient is not the objective's (see its Notes).
 
-The KL coefficient is ``beta`` here, the book's :math:`\beta`; ``kl_coef`` (OpenRLHF's
-``compute_reward`` and the libraries' controllers) is accepted as another spelling of it.
+The KL coefficient is ``beta`` here, the book's :math:`\beta` (the libraries' ``kl_coef``; their
+signatures are in :mod:`kltutorial.compat`).
 
 .. rubric:: How the libraries' reward shaping differs
 
@@ -44,7 +44,6 @@ from ._validation import (
     check_same_shape,
     check_scores,
     check_token_ids,
-    one_spelling,
 )
 from .estimators import Estimator, _estimate, _KLInputs, get_estimator
 from .logprobs import _exact_kl_trusted, _token_logprobs_trusted
@@ -52,21 +51,11 @@ from .logprobs import _exact_kl_trusted, _token_logprobs_trusted
 __all__ = ["shape_rewards", "compute_rlhf_objective"]
 
 
-def _check_beta(beta: object, kl_coef: object) -> float:
-    """The coefficient, passed as ``beta`` or as the libraries' ``kl_coef`` (not both)."""
-    name, value = one_spelling(beta=beta, kl_coef=kl_coef)
-    if value is None:
-        raise TypeError("the KL coefficient is required: pass beta (or kl_coef), a number >= 0")
-    return check_coef(value, name)
-
-
 def shape_rewards(
     scores: torch.Tensor,
     per_token_kl: torch.Tensor,
     attention_mask: torch.Tensor,
-    beta: float | None = None,
-    *,
-    kl_coef: float | None = None,
+    beta: float,
 ) -> torch.Tensor:
     r"""Per-token rewards: the KL penalty at every token, the score at the last valid token.
 
@@ -86,7 +75,7 @@ def shape_rewards(
         1 for response tokens, 0 for padding. Padding may sit anywhere (left or right); every sequence
         needs at least one valid token to receive its score.
     beta : float
-        :math:`\beta` >= 0 (``kl_coef`` is accepted as another spelling).
+        :math:`\beta` >= 0.
 
     Returns
     -------
@@ -103,7 +92,7 @@ def shape_rewards(
     batch = per_token_kl.shape[0]
     check_scores(scores, "scores", batch)
     mask = check_mask(attention_mask, "attention_mask", per_token_kl.shape)
-    beta = _check_beta(beta, kl_coef)
+    beta = check_coef(beta, "beta")
     if not mask.any(dim=-1).all():
         empty = torch.nonzero(~mask.any(dim=-1)).flatten().tolist()
         raise ValueError(
@@ -124,10 +113,8 @@ def compute_rlhf_objective(
     response_tokens: torch.Tensor,
     rewards: torch.Tensor,
     attention_mask: torch.Tensor,
-    beta: float | None = None,
+    beta: float,
     estimator: Estimator = "k1",
-    *,
-    kl_coef: float | None = None,
 ) -> dict[str, torch.Tensor | float]:
     r"""The value of the KL-penalised objective :math:`\mathbb{E}[r] - \beta\,\mathrm{KL}` on a batch,
     with its diagnostics: numbers to log, not a loss (see Notes).
@@ -154,7 +141,7 @@ def compute_rlhf_objective(
     attention_mask : Tensor, shape (B, T)
         1 for response tokens, 0 for padding.
     beta : float
-        :math:`\beta` >= 0 (``kl_coef`` is accepted as another spelling).
+        :math:`\beta` >= 0.
     estimator : str
         The per-token KL estimator, any name or alias in :data:`~kltutorial.estimators.ESTIMATORS`
         (``"full"`` uses the logits, so its ``mean_kl`` is ``mean_exact_kl``).
@@ -204,7 +191,7 @@ def compute_rlhf_objective(
     tokens = check_token_ids(response_tokens, "response_tokens", shape, vocab)
     check_scores(rewards, "rewards", shape[0])
     mask = check_mask(attention_mask, "attention_mask", shape)
-    beta = _check_beta(beta, kl_coef)
+    beta = check_coef(beta, "beta")
     spec = get_estimator(estimator)
 
     # 1. log-probs of the sampled tokens (NaN/+inf logits are caught here, row by row)

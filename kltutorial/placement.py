@@ -37,10 +37,9 @@ from typing import Literal
 
 import torch
 
-from ._validation import _as_real, check_choice, check_float_tensor, check_mask, check_same_shape
+from ._validation import _as_real, check_choice, check_coef, check_float_tensor, check_mask, check_same_shape
 from .estimators import Estimator, kl_estimate
 from .gradients import GradientAgreement, _agreement, _sampled_name
-from .objective import _check_beta
 from .sequences.space import SequenceSpace, _check_space, _check_table, _check_values
 
 __all__ = [
@@ -338,7 +337,7 @@ def ppo_style_loss(
     True
     """
     space, logits, ref_table, scores = _check_problem(space, logits, ref_table, scores)
-    beta = _check_beta(beta, None)
+    beta = check_coef(beta, "beta")
     name = _sampled_name(estimator)
     lam = _check_unit(lam, "lam")
     check_choice(critic, "critic", ("exact", "none"))
@@ -405,7 +404,7 @@ def grpo_style_loss(
     True
     """
     space, logits, ref_table, scores = _check_problem(space, logits, ref_table, scores)
-    beta = _check_beta(beta, None)
+    beta = check_coef(beta, "beta")
     name = _sampled_name(estimator)
     per_tok = _token_logprobs(space, logits)  # (V**T, T)
     ref_tok = ref_table[space.prefix_ids, space.sequences]

@@ -118,6 +118,8 @@ def test_api_references_resolve_to_where_the_object_is_documented(tmp_path: Path
 
             .. automodule:: kltutorial.controllers
                :members:
+
+            .. automodule:: kltutorial.compat
             """,
     }
     out, warnings = _build(tmp_path, files, """

@@ -1,5 +1,6 @@
-"""KL controllers: hand-computed sequences, clamps, closed-loop behaviour against a simple plant, the
-libraries' spellings, checkpoints, a positive beta, and a table of bad inputs."""
+"""KL controllers: hand-computed sequences, clamps, closed-loop behaviour against a simple plant, one
+vocabulary (the peers' spellings are in kltutorial.compat, tests/compat/), a settable value, checkpoints, a
+positive beta, and a table of bad inputs."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def test_fixed_never_moves():
 
 
 def test_proportional_rule_by_hand():
-    c = AdaptiveKLController(init_kl_coef=0.2, target=6.0, horizon=10000)
+    c = AdaptiveKLController(beta=0.2, target_kl=6.0, horizon=10000)
     # KL = 9: error 0.5 clipped to 0.2; n_steps = 256 -> beta * (1 + 0.2 * 256 / 10000).
     assert c.update(9.0, n_steps=256) == pytest.approx(0.2 * 1.00512)
     # KL = 6.6: error 0.1, inside the clip; n_steps = 100 -> * (1 + 0.1 * 0.01).
@@ -50,7 +51,7 @@ def test_proportional_rule_is_symmetric_in_the_clip():
 
 
 def test_doubling_rule_by_hand_and_saturation():
-    c = DoublingKLController(init_kl_coef=0.1, target_kl=6.0)
+    c = DoublingKLController(beta=0.1, target_kl=6.0)
     # Above 1.5 * target = 9: doubles, until the clamp at 10.
     highs = [c.update(12.0) for _ in range(9)]
     np.testing.assert_allclose(highs, [0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 10.0, 10.0, 10.0])
@@ -65,7 +66,7 @@ def test_doubling_rule_by_hand_and_saturation():
 
 
 def test_exponential_rule_by_hand_and_clamp():
-    c = ExponentialKLController(init_kl_coef=0.1, target_kl=6.0, gain=0.12)
+    c = ExponentialKLController(beta=0.1, target_kl=6.0, gain=0.12)
     assert c.update(12.0) == pytest.approx(0.1 * np.exp(0.12))
     assert c.update(3.0) == pytest.approx(0.1 * np.exp(0.12) * np.exp(-0.06))
     for _ in range(100):
@@ -116,7 +117,7 @@ def _run_closed_loop(controller, n_updates: int, kl0: float = 1.0, gain: float =
 
 def test_proportional_controller_reaches_target_in_closed_loop():
     # Equilibrium needs beta = 1.5 / 6 = 0.25; start 4x too high.
-    c = AdaptiveKLController(init_kl_coef=1.0, target=6.0, horizon=100.0)
+    c = AdaptiveKLController(beta=1.0, target_kl=6.0, horizon=100.0)
     kls = _run_closed_loop(c, 3000)
     assert kls[0] < 3.0
     tail = kls[-200:]
@@ -125,14 +126,14 @@ def test_proportional_controller_reaches_target_in_closed_loop():
 
 
 def test_doubling_controller_only_reaches_its_band_in_closed_loop():
-    c = DoublingKLController(init_kl_coef=1.0, target_kl=6.0)
+    c = DoublingKLController(beta=1.0, target_kl=6.0)
     kls = _run_closed_loop(c, 400)
     # Once inside [4, 9] it stops acting: KL settles wherever the last doubling/halving left it.
     assert np.all((kls[-100:] >= 4.0) & (kls[-100:] <= 9.0))
     assert set(np.round(c.history.beta, 12)) <= {1.0, 0.5, 0.25, 0.125}
 
 
-# --- the libraries' spellings -------------------------------------------------------------------------
+# --- one vocabulary; a settable value ---------------------------------------------------------------------
 
 MAKERS = {
     "fixed": lambda: FixedKLController(0.3),
@@ -147,65 +148,59 @@ def _drive(controller, kls=(9.0, 2.0, 6.5, 30.0, 0.1), n_steps=7):
 
 
 @pytest.mark.parametrize(
-    "make",
+    ("cls", "peer_keyword"),
     [
-        lambda: AdaptiveKLController(init_kl_coef=0.05, target=0.5, horizon=200),  # TRL, OpenRLHF
-        lambda: AdaptiveKLController(init_kl_coef=0.05, target_kl=0.5, horizon=200),  # verl
-        lambda: AdaptiveKLController(kl_coef=0.05, target_kl=0.5, horizon=200),  # verl's config names
-        lambda: AdaptiveKLController(0.05, 0.5, 200),  # positional, as all three call it
+        (AdaptiveKLController, "init_kl_coef"),
+        (AdaptiveKLController, "target"),
+        (FixedKLController, "kl_coef"),
+        (DoublingKLController, "init_kl_coef"),
+        (ExponentialKLController, "target"),
     ],
 )
-def test_adaptive_accepts_every_librarys_constructor_spelling(make):
-    book = AdaptiveKLController(beta=0.05, target_kl=0.5, horizon=200)
-    other = make()
-    assert other.target_kl == other.target == 0.5 and other.horizon == 200
-    assert _drive(other, (0.9, 0.2, 0.55)) == _drive(book, (0.9, 0.2, 0.55))
-
-
-def test_every_controller_accepts_the_initial_coefficient_under_each_name():
-    for cls in (FixedKLController, AdaptiveKLController, DoublingKLController, ExponentialKLController):
-        for spelling in ("beta", "init_kl_coef", "kl_coef"):
-            assert cls(**{spelling: 0.25}).value == 0.25, (cls, spelling)
-    for cls in (DoublingKLController, ExponentialKLController):
-        assert cls(target=3.0).target_kl == 3.0 and cls(target_kl=3.0).target == 3.0
-    assert not hasattr(FixedKLController(0.1), "target_kl")  # simulate.py reads a target only if it exists
-
-
-@pytest.mark.parametrize(
-    ("call", "names"),
-    [
-        (lambda: AdaptiveKLController(0.1, init_kl_coef=0.2), "beta and init_kl_coef"),
-        (lambda: AdaptiveKLController(init_kl_coef=0.1, kl_coef=0.2), "init_kl_coef and kl_coef"),
-        (lambda: AdaptiveKLController(0.1, 6.0, target=6.0), "target_kl and target"),
-        (lambda: FixedKLController(0.1, kl_coef=0.1), "beta and kl_coef"),
-        (lambda: DoublingKLController(target_kl=1.0, target=2.0), "target_kl and target"),
-        (lambda: ExponentialKLController(beta=0.1, init_kl_coef=0.1), "beta and init_kl_coef"),
-        (lambda: FixedKLController(0.1).update(1.0, current=1.0), "current_kl and current"),
-        (lambda: AdaptiveKLController().update(current_kl=1.0, current=2.0), "current_kl and current"),
-    ],
-)
-def test_two_spellings_of_one_argument_is_a_type_error_naming_both(call, names):
-    with pytest.raises(TypeError, match=names):
-        call()
+def test_the_core_speaks_one_vocabulary(cls, peer_keyword):
+    with pytest.raises(TypeError, match=peer_keyword):
+        cls(**{peer_keyword: 0.5})
 
 
 @pytest.mark.parametrize("name", list(MAKERS))
-def test_update_takes_the_kl_under_each_librarys_keyword(name):
-    positional, trl, verl = MAKERS[name](), MAKERS[name](), MAKERS[name]()
+def test_update_takes_the_kl_as_kl_and_no_peer_keyword(name):
+    positional, keyword = MAKERS[name](), MAKERS[name]()
     for kl in (9.0, 2.0, 30.0):
-        want = positional.update(kl, 64)
-        assert trl.update(current=kl, n_steps=64) == want  # TRL, OpenRLHF: update(current, n_steps)
-        assert verl.update(current_kl=kl, n_steps=64) == want  # verl: update(current_kl=, n_steps=)
-    np.testing.assert_array_equal(trl.history.beta, positional.history.beta)
-    with pytest.raises(TypeError, match="pass current_kl"):
-        positional.update()
+        assert keyword.update(kl=kl, n_steps=64) == positional.update(kl, 64)
+    for peer in ("current", "current_kl"):
+        with pytest.raises(TypeError, match=peer):
+            positional.update(**{peer: 1.0})
+    assert not hasattr(positional, "target")  # the peers' name lives in kltutorial.compat
+
+
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_value_is_settable_and_the_next_update_starts_from_it(name):
+    c, fresh = MAKERS[name](), MAKERS[name]()
+    c.update(9.0, 7)
+    c.value = 0.4
+    assert c.value == 0.4 and c.history.beta[-1] == 0.4 and c.history.beta.size == 2
+    fresh.value = 0.4
+    assert c.update(2.0, 7) == fresh.update(2.0, 7)
+    with pytest.raises(ValueError, match="value must be a finite number"):
+        c.value = -1.0
+    assert c.value == fresh.value  # a rejected value changes nothing
+
+
+def test_only_a_fixed_coefficient_may_be_set_to_zero_and_a_clamp_bounds_the_value():
+    fixed = FixedKLController(0.1)
+    fixed.value = 0.0
+    assert fixed.update(3.0) == 0.0
+    with pytest.raises(ValueError, match="value"):
+        AdaptiveKLController().value = 0.0
+    with pytest.raises(ValueError, match=r"value must lie in \[min_coef, max_coef\]"):
+        DoublingKLController().value = 20.0
 
 
 def test_repr_shows_the_books_names():
-    assert repr(AdaptiveKLController(init_kl_coef=0.2, target=6, horizon=100)) == (
+    assert repr(AdaptiveKLController(beta=0.2, target_kl=6, horizon=100)) == (
         "AdaptiveKLController(beta=0.2, target_kl=6.0, horizon=100.0)"
     )
-    assert repr(FixedKLController(kl_coef=0.05)) == "FixedKLController(beta=0.05)"
+    assert repr(FixedKLController(beta=0.05)) == "FixedKLController(beta=0.05)"
     assert "target_kl=6.0" in repr(DoublingKLController()) and "gain=0.12" in repr(ExponentialKLController())
 
 
@@ -218,10 +213,10 @@ def test_zero_steps_is_a_no_op_that_records_nothing(name):
     c.update(20.0, n_steps=3)
     before, history = c.value, c.history
     assert c.update(100.0, n_steps=0) == before == c.value
-    assert c.update(current=0.0, n_steps=0) == before
+    assert c.update(kl=0.0, n_steps=0) == before
     np.testing.assert_array_equal(c.history.kl, history.kl)
     np.testing.assert_array_equal(c.history.beta, history.beta)
-    with pytest.raises(ValueError, match="current_kl must be a finite number"):
+    with pytest.raises(ValueError, match="kl must be a finite number"):
         c.update(math.nan, n_steps=0)  # still checked
 
 
@@ -333,12 +328,11 @@ def test_floored_factor_is_continuous_and_monotone_in_n_steps():
 BAD_INPUTS = [
     # (id, callable, kwargs, exception, message regex)
     ("fixed-negative", FixedKLController, dict(beta=-0.1), ValueError, "beta must be a finite number >= 0"),
-    ("fixed-nan", FixedKLController, dict(kl_coef=math.nan), ValueError, "kl_coef must be a finite number"),
+    ("fixed-nan", FixedKLController, dict(beta=math.nan), ValueError, "beta must be a finite number"),
     ("fixed-str", FixedKLController, dict(beta="0.1"), TypeError, "beta must be a real number"),
     ("adaptive-target", AdaptiveKLController, dict(beta=0.1, target_kl=0.0), ValueError, "target_kl must be"),
-    ("adaptive-target-alias", AdaptiveKLController, dict(target=-1.0), ValueError, "target must be a finite"),
     ("adaptive-horizon", AdaptiveKLController, dict(horizon=-5), ValueError, "horizon must be"),
-    ("adaptive-init", AdaptiveKLController, dict(init_kl_coef=0.0), ValueError, "init_kl_coef must be"),
+    ("adaptive-init", AdaptiveKLController, dict(beta=0.0), ValueError, "beta must be a finite number > 0"),
     ("adaptive-init-inf", AdaptiveKLController, dict(beta=math.inf), ValueError, "beta must be a finite"),
     ("adaptive-bool", AdaptiveKLController, dict(beta=True), TypeError, "beta must be a real number"),
     ("doubling-target", DoublingKLController, dict(target_kl=-6.0), ValueError, "target_kl must be"),
@@ -348,24 +342,21 @@ BAD_INPUTS = [
     ("doubling-bounds", DoublingKLController, dict(min_coef=1.0, max_coef=0.5), ValueError,
      "min_coef must be <= max_coef"),
     ("doubling-init", DoublingKLController, dict(beta=20.0), ValueError, r"beta must lie in \[min_coef"),
-    ("doubling-init-alias", DoublingKLController, dict(kl_coef=20.0), ValueError, "kl_coef must lie in"),
     ("doubling-min", DoublingKLController, dict(min_coef=0), ValueError,
      "min_coef must be a finite number > 0"),
     ("exp-gain", ExponentialKLController, dict(gain=0.0), ValueError, "gain must be a finite number > 0"),
     ("exp-target", ExponentialKLController, dict(target_kl=math.nan), ValueError, "target_kl must be"),
     ("exp-max", ExponentialKLController, dict(max_coef=math.inf), ValueError, "max_coef must be"),
-    ("update-nan", AdaptiveKLController().update, dict(current_kl=math.nan), ValueError,
-     "current_kl must be a finite number"),
-    ("update-inf-alias", AdaptiveKLController().update, dict(current=math.inf), ValueError,
-     "current must be a finite number"),
-    ("update-str", FixedKLController().update, dict(current_kl="6"), TypeError, "current_kl must be a real"),
-    ("update-array", FixedKLController().update, dict(current_kl=np.ones(2)), ValueError,
-     r"current_kl must be a single number, got an array of shape \(2,\)"),
-    ("update-tensor", FixedKLController().update, dict(current_kl=torch.ones(1, 1)), ValueError,
-     "current_kl must be a single number"),
-    ("update-steps", AdaptiveKLController().update, dict(current_kl=1.0, n_steps=-1), ValueError,
+    ("update-nan", AdaptiveKLController().update, dict(kl=math.nan), ValueError, "kl must be a finite"),
+    ("update-inf", AdaptiveKLController().update, dict(kl=math.inf), ValueError, "kl must be a finite"),
+    ("update-str", FixedKLController().update, dict(kl="6"), TypeError, "kl must be a real"),
+    ("update-array", FixedKLController().update, dict(kl=np.ones(2)), ValueError,
+     r"kl must be a single number, got an array of shape \(2,\)"),
+    ("update-tensor", FixedKLController().update, dict(kl=torch.ones(1, 1)), ValueError,
+     "kl must be a single number"),
+    ("update-steps", AdaptiveKLController().update, dict(kl=1.0, n_steps=-1), ValueError,
      "n_steps must be >= 0"),
-    ("update-steps-float", DoublingKLController().update, dict(current_kl=1.0, n_steps=1.5), TypeError,
+    ("update-steps-float", DoublingKLController().update, dict(kl=1.0, n_steps=1.5), TypeError,
      "n_steps must be an int"),
 ]
 

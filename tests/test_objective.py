@@ -35,9 +35,9 @@ def test_shape_rewards_places_score_at_last_valid_token():
 
 def test_shape_rewards_zero_beta_and_gradient():
     kl = torch.rand(2, 3, requires_grad=True)
-    r = shape_rewards(torch.tensor([1.0, -1.0]), kl, torch.ones(2, 3), kl_coef=0.0)
+    r = shape_rewards(torch.tensor([1.0, -1.0]), kl, torch.ones(2, 3), beta=0.0)
     assert torch.equal(r.sum(-1), torch.tensor([1.0, -1.0]))
-    r2 = shape_rewards(torch.zeros(2), kl, torch.ones(2, 3), kl_coef=2.0)
+    r2 = shape_rewards(torch.zeros(2), kl, torch.ones(2, 3), beta=2.0)
     r2.sum().backward()
     assert torch.equal(kl.grad, torch.full((2, 3), -2.0))
 
@@ -56,7 +56,7 @@ def test_objective_estimate_agrees_with_exact_kl_on_policy_samples(estimator):
     pol, ref, tokens = _policy_and_reference(0, b=512)
     mask = torch.ones(tokens.shape)
     rewards = torch.linspace(-1, 1, tokens.shape[0], dtype=torch.float64)
-    out = compute_rlhf_objective(pol, ref, tokens, rewards, mask, kl_coef=0.5, estimator=estimator)
+    out = compute_rlhf_objective(pol, ref, tokens, rewards, mask, beta=0.5, estimator=estimator)
     seq = out["per_token_kl"].sum(-1)
     se = float(seq.std()) / math.sqrt(seq.numel())
     assert abs(out["mean_kl"] - out["mean_exact_kl"]) < 4 * se
@@ -72,7 +72,7 @@ def test_uniform_tokens_give_a_negative_k1_mean_which_is_no_kl():
     gen = torch.Generator().manual_seed(2)
     uniform = torch.randint(0, pol.shape[-1], pol.shape[:2], generator=gen)
     out = compute_rlhf_objective(pol, ref, uniform, torch.zeros(256, dtype=torch.float64),
-                                 torch.ones(uniform.shape), kl_coef=0.5)
+                                 torch.ones(uniform.shape), beta=0.5)
     assert out["mean_kl"] < 0 < out["mean_exact_kl"]
     assert out["mean_penalized_reward"] > out["mean_reward"]  # the "penalty" raises the reward
 
@@ -82,7 +82,7 @@ def test_objective_is_differentiable_and_respects_the_mask():
     pol = pol.clone().requires_grad_(True)
     mask = torch.ones(tokens.shape)
     mask[:, 8:] = 0
-    out = compute_rlhf_objective(pol, ref, tokens, torch.ones(4, dtype=torch.float64), mask, kl_coef=1.0)
+    out = compute_rlhf_objective(pol, ref, tokens, torch.ones(4, dtype=torch.float64), mask, beta=1.0)
     out["objective"].backward()
     assert torch.all(pol.grad[:, 8:] == 0) and pol.grad[:, :8].abs().sum() > 0
     lp = get_logprobs_for_tokens(pol.detach(), tokens)
@@ -154,16 +154,17 @@ def test_objective_is_a_value_to_log_not_a_loss(seed):
     torch.testing.assert_close(shifted, reward_term, rtol=0, atol=1e-12)
 
 
-def test_beta_and_the_libraries_kl_coef_are_one_argument():
+def test_beta_is_the_one_name_of_the_coefficient():
     kl = torch.tensor([[0.5, 0.5, 9.0]])
     mask = torch.tensor([[1, 1, 0]])
     want = shape_rewards(torch.tensor([1.0]), kl, mask, 0.1)  # positional, as before
     assert torch.equal(shape_rewards(torch.tensor([1.0]), kl, mask, beta=0.1), want)
-    assert torch.equal(shape_rewards(torch.tensor([1.0]), kl, mask, kl_coef=0.1), want)
+    with pytest.raises(TypeError, match="kl_coef"):  # the peers' spelling is in kltutorial.compat
+        shape_rewards(torch.tensor([1.0]), kl, mask, kl_coef=0.1)
     pol, ref, tokens = _policy_and_reference(4, b=4)
     args = (pol, ref, tokens, torch.ones(4, dtype=torch.float64), torch.ones(tokens.shape))
-    a, b = compute_rlhf_objective(*args, beta=0.3), compute_rlhf_objective(*args, kl_coef=0.3)
-    assert a["kl_penalty"] == b["kl_penalty"] == pytest.approx(0.3 * a["mean_kl"])
+    with pytest.raises(TypeError, match="kl_coef"):
+        compute_rlhf_objective(*args, kl_coef=0.3)
 
 
 def test_padding_gets_exactly_zero_even_where_the_estimate_is_infinite():
@@ -210,11 +211,9 @@ BAD_INPUTS = [
     ("sr-beta-negative", shape_rewards, {**SHAPE, "beta": -0.1}, ValueError,
      "beta must be a finite number >= 0"),
     ("sr-beta-inf", shape_rewards, {**SHAPE, "beta": math.inf}, ValueError, "beta must be a finite"),
-    ("sr-beta-nan", shape_rewards, {**SHAPE, "beta": None, "kl_coef": math.nan}, ValueError,
-     "kl_coef must be a finite"),
+    ("sr-beta-nan", shape_rewards, {**SHAPE, "beta": math.nan}, ValueError, "beta must be a finite"),
     ("sr-beta-str", shape_rewards, {**SHAPE, "beta": "0.1"}, TypeError, "beta must be a real number"),
-    ("sr-beta-missing", shape_rewards, {**SHAPE, "beta": None}, TypeError, "pass beta"),
-    ("sr-beta-twice", shape_rewards, {**SHAPE, "kl_coef": 0.1}, TypeError, "beta and kl_coef"),
+    ("sr-beta-none", shape_rewards, {**SHAPE, "beta": None}, TypeError, "beta must be a real number"),
     ("sr-mask-shape", shape_rewards, {**SHAPE, "attention_mask": MASK[:, :1]}, ValueError, "attention_mask"),
     ("sr-empty-row", shape_rewards, {**SHAPE, "attention_mask": MASK * torch.tensor([[1.0], [0.0]])},
      ValueError, r"attention_mask has no valid token in sequence\(s\) \[1\]"),
@@ -234,8 +233,7 @@ BAD_INPUTS = [
      ValueError, "rewards contains NaN"),
     ("obj-mask", compute_rlhf_objective, {**OBJ, "attention_mask": MASK * 3}, ValueError, "attention_mask"),
     ("obj-beta", compute_rlhf_objective, {**OBJ, "beta": -1.0}, ValueError, "beta must be"),
-    ("obj-kl-coef", compute_rlhf_objective, {**OBJ, "beta": None, "kl_coef": -1.0}, ValueError,
-     "kl_coef must be"),
+    ("obj-beta-none", compute_rlhf_objective, {**OBJ, "beta": None}, TypeError, "beta must be a real"),
     ("obj-estimator", compute_rlhf_objective, {**OBJ, "estimator": "k4"}, ValueError,
      "estimator must be one of"),
 ]

@@ -142,9 +142,9 @@ def test_closed_forms():
 
 CONTROLLERS = [
     FixedKLController(0.1),
-    ExponentialKLController(init_kl_coef=0.1, target_kl=6.0, gain=0.12, min_coef=0.02, max_coef=0.5),
-    AdaptiveKLController(init_kl_coef=0.1, target=6.0, horizon=1000.0),
-    DoublingKLController(init_kl_coef=0.1, target_kl=6.0),
+    ExponentialKLController(beta=0.1, target_kl=6.0, gain=0.12, min_coef=0.02, max_coef=0.5),
+    AdaptiveKLController(beta=0.1, target_kl=6.0, horizon=1000.0),
+    DoublingKLController(beta=0.1, target_kl=6.0),
 ]
 
 
@@ -254,7 +254,7 @@ def test_vectorised_over_initial_betas_matches_separate_runs():
     noise = draw_training_noise(6, 80, np.random.default_rng(11))
     both = simulate_training_with_controller(ExponentialKLController(), init_betas=[0.05, 0.3],
                                              noise=noise)
-    one = simulate_training_with_controller(ExponentialKLController(init_kl_coef=0.3), noise=noise)
+    one = simulate_training_with_controller(ExponentialKLController(beta=0.3), noise=noise)
     np.testing.assert_array_equal(both.kl[1], one.kl[0])
     np.testing.assert_array_equal(both.beta[1], one.beta[0])
 

@@ -266,7 +266,7 @@ def test_training_depends_only_on_the_generator(task: toy.ToyTask) -> None:
 
 
 def test_controller_sets_beta_each_step(task: toy.ToyTask) -> None:
-    ctrl = AdaptiveKLController(init_kl_coef=0.05, target=0.5, horizon=2000)
+    ctrl = AdaptiveKLController(beta=0.05, target_kl=0.5, horizon=2000)
     run = toy.train_policy(task, toy.TrainConfig(steps=30, batch_size=256), controller=ctrl, generator=_gen())
     np.testing.assert_allclose(run.beta, ctrl.history.beta)
     np.testing.assert_allclose(run.kl_sampled, ctrl.history.kl)

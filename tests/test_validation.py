@@ -38,15 +38,6 @@ def test_check_logits_reads_no_values():
     assert v.check_logits(z, "logits") is z
 
 
-def test_one_spelling():
-    assert v.one_spelling(beta=None, kl_coef=0.1) == ("kl_coef", 0.1)
-    assert v.one_spelling(beta=0.2, kl_coef=None) == ("beta", 0.2)
-    assert v.one_spelling(beta=None, kl_coef=None) == ("beta", None)
-    assert v.one_spelling(beta=0.0, kl_coef=None) == ("beta", 0.0)  # 0 is a value, not "not given"
-    with pytest.raises(TypeError, match="beta and kl_coef are spellings of the same argument"):
-        v.one_spelling(beta=0.1, kl_coef=0.1)
-
-
 def test_rng_and_generator_checks_keep_their_signatures():
     # simulate.py and toyrlhf import these; their call forms must keep working
     rng, gen = np.random.default_rng(0), torch.Generator().manual_seed(0)

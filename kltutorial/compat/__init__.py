@@ -1,0 +1,34 @@
+"""The peers' signatures over the package's own rules: ``compat.trl``, ``compat.verl``, ``compat.openrlhf``.
+
+The library speaks one vocabulary (``beta``, ``target_kl``, ``horizon``, ``n_steps``); TRL, verl and
+OpenRLHF each spell the same things their own way. A module here gives one library's names, signatures and
+return conventions, computed by the package's code, so that code written against that library runs with
+only its import changed. What differs on purpose is said in each docstring; the rules themselves are
+:mod:`kltutorial.controllers`'.
+
+So far the KL controllers (the rest of the peers' KL functions follow):
+
+=============  ==========================================  =================================
+module         ``AdaptiveKLController``                    ``update``
+=============  ==========================================  =================================
+``trl``        ``(init_kl_coef, target, horizon)``         ``(current, n_steps) -> None``
+``verl``       ``(init_kl_coef, target_kl, horizon)``      ``(current_kl, n_steps) -> None``
+``openrlhf``   ``(init_kl_coef, target, horizon)``         ``(current, n_steps) -> None``
+=============  ==========================================  =================================
+
+and in all three ``FixedKLController(kl_coef)``, whose ``update`` changes nothing; ``.value`` is the
+coefficient, readable and settable, and the adaptive one's ``.target`` and ``.horizon`` are readable. Each
+class is a subclass of the package's (:class:`~kltutorial.controllers.AdaptiveKLController`,
+:class:`~kltutorial.controllers.FixedKLController`), so it also works wherever the package takes a
+controller (the toy experiment's ``train_policy`` reads ``.value`` after each ``update``).
+
+**What differs on purpose.** The update's factor is floored at
+:data:`~kltutorial.controllers.MIN_FACTOR`, so β never turns negative when ``n_steps`` exceeds five
+horizons (theirs does), and bad input (a zero or negative target, a NaN KL) raises a ``ValueError`` that
+names the argument as the library spells it, where theirs divides by zero or carries the NaN on. Everywhere
+else the coefficients are theirs, bit for bit (``tests/compat/``).
+"""
+
+from . import openrlhf, trl, verl
+
+__all__ = ["trl", "verl", "openrlhf"]
