@@ -23,7 +23,9 @@ name       aliases              value                                property
 ``k3``     ``low_var_kl``       :math:`e^{-\Delta}-1+\Delta`         unbiased; >= 0; low variance near pi_ref
 ``abs``                         :math:`|\Delta|`                     biased upwards; >= 0
 ``k1+``    ``kl+``              value of k1, gradient of k2          straight-through (verl)
+``k2+``    ``mse+``             value and gradient of k2             the same as ``k2`` (verl's name)
 ``k3+``    ``low_var_kl+``      value of k3, gradient of k2          straight-through (verl)
+``abs+``                        value of abs, gradient of k2         straight-through (verl)
 ``full``                        :math:`\sum_v p_v \log(p_v/q_v)`     exact; needs both models' logits
 =========  ===================  ===================================  =========================================
 
@@ -36,8 +38,8 @@ any other way (uniformly, say) the log-ratio's mean is not a KL and can be negat
   TRL's later ``PPOTrainer`` (``kl_estimator``): ``k1``, ``k3``; its ``GRPOTrainer`` always uses k3 in
   the loss. OpenRLHF (``compute_approx_kl``): ``k1``, ``k2``, ``k3``; no ``abs``, no ``full``. verl
   (``kl_penalty`` in ``verl/trainer/ppo/core_algos.py``): ``kl``/``k1``, ``abs``, ``mse``/``k2``,
-  ``low_var_kl``/``k3``, any of them with a ``+`` suffix (here: ``k1+`` and ``k3+``), and ``full``,
-  which raises ``NotImplementedError``.
+  ``low_var_kl``/``k3``, any of them with a ``+`` suffix (all four here: ``k1+``, ``k2+``, ``k3+``,
+  ``abs+``), and ``full``, which raises ``NotImplementedError``.
 - **Clamps.** OpenRLHF clamps every estimate to [-10, 10]; verl clamps only ``low_var_kl``/``k3``, its
   log-ratio to [-20, 20] before the exponential and the estimate to [-10, 10]; TRL clamps nothing. Here
   nothing is clamped unless asked: ``clamp=10`` reproduces OpenRLHF, and ``estimator="k3", clamp=10,
@@ -265,9 +267,11 @@ def abs_log_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
     return log_ratio.abs()
 
 
-# Straight-through (verl's "+" names): the value of k1 or k3, the gradient of k2.
+# Straight-through (verl's "+" names): the value of each estimator, the gradient of k2 (k2+ is k2 itself).
 register_estimator("k1+", aliases=("kl+",), gradient_from="k2")(k1)
+register_estimator("k2+", aliases=("mse+",), gradient_from="k2")(k2)
 register_estimator("k3+", aliases=("low_var_kl+",), gradient_from="k2")(k3)
+register_estimator("abs+", gradient_from="k2")(abs_log_ratio)
 
 
 @register_estimator("full", needs_logits=True)

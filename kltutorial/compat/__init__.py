@@ -6,7 +6,9 @@ return conventions, computed by the package's code, so that code written against
 only its import changed. What differs on purpose is said in each docstring; the rules themselves are
 :mod:`kltutorial.controllers`'.
 
-So far the KL controllers (the rest of the peers' KL functions follow):
+So far: the KL penalties of TRL (v0.11.4: ``kl_penalty``, ``compute_rewards``) and verl
+(``kl_penalty``, ``kl_penalty_forward``, with its clamps and ``+`` names), computed by
+the estimators' ``kl_estimate``, and the KL controllers of all three:
 
 =============  ==========================================  =================================
 module         ``AdaptiveKLController``                    ``update``
@@ -22,11 +24,13 @@ class is a subclass of the package's (:class:`~kltutorial.controllers.AdaptiveKL
 :class:`~kltutorial.controllers.FixedKLController`), so it also works wherever the package takes a
 controller (the toy experiment's ``train_policy`` reads ``.value`` after each ``update``).
 
-**What differs on purpose.** The update's factor is floored at
-:data:`~kltutorial.controllers.MIN_FACTOR`, so β never turns negative when ``n_steps`` exceeds five
-horizons (theirs does), and bad input (a zero or negative target, a NaN KL) raises a ``ValueError`` that
-names the argument as the library spells it, where theirs divides by zero or carries the NaN on. Everywhere
-else the coefficients are theirs, bit for bit (``tests/compat/``).
+**What differs on purpose.** Half-precision log-probs are computed in float32 and rounded once to their
+dtype (theirs compute in bfloat16 or float16 throughout); k3 is computed as ``expm1(-d) + d``, which keeps
+the digits theirs lose to cancellation; NaN inputs raise instead of propagating. The controllers' factor
+is floored at :data:`~kltutorial.controllers.MIN_FACTOR`, so β never turns negative when ``n_steps``
+exceeds five horizons (theirs does), and bad input (a zero or negative target, a NaN KL) raises a
+``ValueError`` that names the argument as the library spells it, where theirs divides by zero or carries the
+NaN on. Everywhere else the coefficients are theirs, bit for bit (``tests/compat/``).
 """
 
 from . import openrlhf, trl, verl

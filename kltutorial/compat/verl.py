@@ -16,9 +16,14 @@ Examples
 
 from __future__ import annotations
 
-from ._controllers import PeerAdaptiveKLController, PeerFixedKLController
+import torch
 
-__all__ = ["AdaptiveKLController", "FixedKLController"]
+from ._controllers import PeerAdaptiveKLController, PeerFixedKLController
+from ._kl import sampled_penalty
+
+__all__ = ["AdaptiveKLController", "FixedKLController", "kl_penalty", "kl_penalty_forward"]
+
+_FORWARD = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 
 
 class AdaptiveKLController(PeerAdaptiveKLController):
@@ -46,3 +51,24 @@ class FixedKLController(PeerFixedKLController):
     def update(self, current_kl: float, n_steps: int) -> None:  # type: ignore[override]
         """Record the KL; the coefficient does not change."""
         super().update(current_kl, n_steps)
+
+
+def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
+    """verl's ``kl_penalty``: the estimate named by ``kl_penalty``, any of ``kl``/``k1``, ``abs``,
+    ``mse``/``k2``, ``low_var_kl``/``k3``, each also with a ``+`` suffix (straight-through: its value, the
+    gradient of k2); ``"full"`` and other names raise ``NotImplementedError``, as verl's does.
+
+    Examples
+    --------
+    >>> lp, ref = torch.tensor([-1.0, -30.0]), torch.tensor([-1.5, -0.5])
+    >>> kl_penalty(lp, ref, "low_var_kl")  # the second clamped to 10, as verl's
+    tensor([ 0.1065, 10.0000])
+    """
+    names = _FORWARD + tuple(f"{n}+" for n in _FORWARD)
+    return sampled_penalty(logprob, ref_logprob, kl_penalty, allowed=names, library="verl's kl_penalty")
+
+
+def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
+    """verl's ``kl_penalty_forward``: the plain names only (no ``+``), with the same clamps."""
+    return sampled_penalty(logprob, ref_logprob, kl_penalty, allowed=_FORWARD,
+                           library="verl's kl_penalty_forward")

@@ -1,0 +1,65 @@
+"""The peers' per-token KL functions over the estimators' registry (shared by ``compat.trl`` and
+``compat.verl``): their names, their clamps, their output dtype, their exceptions."""
+
+from __future__ import annotations
+
+import torch
+
+from .._validation import check_coef, check_mask, check_tensor_pair
+from ..estimators import kl_estimate
+
+__all__ = ["sampled_penalty", "full_penalty", "rewards_with_penalty"]
+
+
+def sampled_penalty(
+    logprob: torch.Tensor, ref_logprob: torch.Tensor, name: str, *, allowed: tuple[str, ...],
+    library: str,
+) -> torch.Tensor:
+    """``name``'s estimate of each token, with verl's clamps on the k3 family, in ``logprob``'s dtype.
+
+    ``allowed`` are the names the library accepts; any other raises ``NotImplementedError``, as theirs
+    does. Computed by :func:`~kltutorial.estimators.kl_estimate` (float32 for half precision, then rounded
+    once to the input's dtype).
+    """
+    if not isinstance(name, str) or name not in allowed:
+        raise NotImplementedError(
+            f"{library} has no KL penalty {name!r}; its names are {', '.join(map(repr, allowed))}"
+        )
+    check_tensor_pair(logprob, "logprob", ref_logprob, "ref_logprob")
+    k3_family = name.rstrip("+") in ("low_var_kl", "k3")
+    clamps = {"clamp": 10.0, "log_ratio_clamp": 20.0} if k3_family else {}
+    return kl_estimate(logprob, ref_logprob, name, **clamps).to(logprob.dtype)
+
+
+def full_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    """The exact KL(pi || pi_ref) at each position from full log-softmax tensors (..., V), shape (...)."""
+    check_tensor_pair(logprob, "logprob", ref_logprob, "ref_logprob")
+    if logprob.ndim < 1:
+        raise ValueError("for 'full', logprob and ref_logprob must be log-softmax tensors of shape (..., V)")
+    lead, vocab = logprob.shape[:-1], logprob.shape[-1]
+    kl = kl_estimate(estimator="full", policy_logits=logprob.reshape(1, -1, vocab),
+                     reference_logits=ref_logprob.reshape(1, -1, vocab))
+    return kl.reshape(lead).to(logprob.dtype)
+
+
+def rewards_with_penalty(
+    scores: torch.Tensor, kls: torch.Tensor, masks: torch.Tensor, kl_coef: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """TRL's reward shaping: ``-kl_coef * kl`` at every position (padding included), plus the score at the
+    last position whose mask is 1. Returns (rewards, non_score_rewards)."""
+    kl_coef = check_coef(kl_coef, "kl_coef")
+    mask = check_mask(masks, "masks", kls.shape)
+    if kls.ndim != 2:
+        raise ValueError(f"logprobs must have shape (B, T), got {tuple(kls.shape)}")
+    if not mask.any(dim=-1).all():
+        empty = torch.nonzero(~mask.any(dim=-1)).flatten().tolist()
+        raise ValueError(f"masks has no 1 in sequence(s) {empty}; each needs one for its score")
+    scores = torch.as_tensor(scores).reshape(-1)
+    if scores.shape[0] != kls.shape[0]:
+        raise ValueError(f"scores must hold one score per sequence ({kls.shape[0]}), got {scores.shape[0]}")
+    non_score = -kl_coef * kls
+    rewards = non_score.clone()
+    positions = torch.arange(kls.shape[1], device=kls.device)
+    last = torch.where(mask, positions, -1).amax(dim=-1)  # (B,): the last position whose mask is 1
+    rewards[torch.arange(kls.shape[0]), last] += scores.to(rewards.dtype)
+    return rewards, non_score

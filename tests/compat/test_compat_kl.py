@@ -1,0 +1,161 @@
+"""kltutorial.compat's KL penalties against the peers' own code, written out below as their sources have it:
+verl's ``kl_penalty`` / ``kl_penalty_forward`` (``verl/trainer/ppo/core_algos.py``, with the ``+``
+straight-through) and TRL v0.11.4's ``PPOTrainer._kl_penalty`` and ``compute_rewards`` (as functions).
+Values agree to float32 rounding (k3 is computed here as expm1(-d) + d, theirs as exp(-d) - 1 + d);
+gradients, clamps, padding, output dtypes and exceptions are theirs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kltutorial.compat import trl, verl
+
+# --- the peers' code ------------------------------------------------------------------------------------
+
+
+def _verl_forward(logprob, ref_logprob, kl_penalty):
+    if kl_penalty in ("kl", "k1"):
+        return logprob - ref_logprob
+    if kl_penalty == "abs":
+        return (logprob - ref_logprob).abs()
+    if kl_penalty in ("mse", "k2"):
+        return 0.5 * (logprob - ref_logprob).square()
+    if kl_penalty in ("low_var_kl", "k3"):
+        kl = ref_logprob - logprob
+        kl = torch.clamp(kl, min=-20, max=20)
+        ratio = torch.exp(kl)
+        kld = (ratio - kl - 1).contiguous()
+        return torch.clamp(kld, min=-10, max=10)
+    raise NotImplementedError
+
+
+def _verl_penalty(logprob, ref_logprob, kl_penalty):
+    base = kl_penalty[:-1] if kl_penalty.endswith("+") else kl_penalty
+    forward_score = _verl_forward(logprob, ref_logprob, base)
+    if not kl_penalty.endswith("+") or kl_penalty in ("mse", "k2"):
+        return forward_score
+    backward_score = 0.5 * (logprob - ref_logprob).square()
+    return backward_score - backward_score.detach() + forward_score.detach()
+
+
+def _trl_penalty(logprob, ref_logprob, kl_penalty):
+    if kl_penalty == "kl":
+        return logprob - ref_logprob
+    if kl_penalty == "abs":
+        return (logprob - ref_logprob).abs()
+    if kl_penalty == "mse":
+        return 0.5 * (logprob - ref_logprob).square()
+    if kl_penalty == "full":
+        return F.kl_div(ref_logprob, logprob, log_target=True, reduction="none").sum(-1)
+    raise NotImplementedError
+
+
+def _trl_compute_rewards(scores, logprobs, ref_logprobs, masks, kl_coef, kl_penalty):
+    rewards, non_score_rewards, kls = [], [], []
+    for score, logprob, ref_logprob, mask in zip(scores, logprobs, ref_logprobs, masks, strict=True):
+        kl = _trl_penalty(logprob, ref_logprob, kl_penalty)
+        kls.append(kl)
+        non_score_reward = -kl_coef * kl
+        non_score_rewards.append(non_score_reward)
+        reward = non_score_reward.clone()
+        last_non_masked_index = mask.nonzero()[-1]
+        reward[last_non_masked_index] += score
+        rewards.append(reward)
+    return torch.stack(rewards), torch.stack(non_score_rewards), torch.stack(kls)
+
+
+def _pair(seed=0, shape=(4, 16), scale=3.0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    lp = -scale * torch.rand(shape, generator=g, dtype=torch.float64)
+    ref = -scale * torch.rand(shape, generator=g, dtype=torch.float64)
+    lp[0, 0], ref[0, 0] = -40.0, -0.1  # a log-ratio beyond verl's clamp
+    return lp.to(dtype), ref.to(dtype)
+
+
+VERL_NAMES = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3",
+              "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"]
+
+
+@pytest.mark.parametrize("name", VERL_NAMES)
+def test_verl_kl_penalty_value_and_gradient_are_verls(name):
+    lp, ref = _pair()
+    ours_lp, theirs_lp = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+    ours = verl.kl_penalty(ours_lp, ref, name)
+    theirs = _verl_penalty(theirs_lp, ref, name)
+    assert ours.dtype == theirs.dtype == torch.float32
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+    ours.sum().backward()
+    theirs.sum().backward()
+    torch.testing.assert_close(ours_lp.grad, theirs_lp.grad, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["kl", "abs", "mse", "low_var_kl", "k3"])
+def test_verl_forward_and_its_plain_names(name):
+    lp, ref = _pair(1)
+    torch.testing.assert_close(verl.kl_penalty_forward(lp, ref, name), _verl_forward(lp, ref, name),
+                               rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(("call", "name"), [(verl.kl_penalty, "full"), (verl.kl_penalty, "k4"),
+                                            (verl.kl_penalty_forward, "k3+"), (trl.kl_penalty, "k3")])
+def test_names_the_peer_lacks_raise_its_not_implemented_error(call, name):
+    lp, ref = _pair()
+    with pytest.raises(NotImplementedError, match=repr(name)):
+        call(lp, ref, name)
+
+
+def test_half_precision_comes_back_in_the_inputs_dtype_rounded_once():
+    lp, ref = _pair(2, dtype=torch.bfloat16)
+    out = verl.kl_penalty(lp, ref, "k3")
+    assert out.dtype == torch.bfloat16
+    exact = _verl_forward(lp.double(), ref.double(), "k3")
+    # computed in float32 and rounded once: within half a bfloat16 ulp of the float64 value
+    assert torch.all((out.double() - exact).abs() <= exact.abs() * 2.0**-8 + 1e-30)
+
+
+@pytest.mark.parametrize("name", ["kl", "abs", "mse"])
+def test_trl_kl_penalty_is_trls(name):
+    lp, ref = _pair(3, dtype=torch.float64)
+    torch.testing.assert_close(trl.kl_penalty(lp, ref, name), _trl_penalty(lp, ref, name))
+
+
+def test_trl_full_is_trls_kl_div_on_log_softmax_tensors_of_any_leading_shape():
+    g = torch.Generator().manual_seed(4)
+    lp = torch.log_softmax(torch.randn(3, 5, 11, generator=g, dtype=torch.float64), -1)
+    ref = torch.log_softmax(torch.randn(3, 5, 11, generator=g, dtype=torch.float64), -1)
+    torch.testing.assert_close(trl.kl_penalty(lp, ref, "full"), _trl_penalty(lp, ref, "full"))
+    torch.testing.assert_close(trl.kl_penalty(lp[0], ref[0], "full"), _trl_penalty(lp[0], ref[0], "full"))
+
+
+@pytest.mark.parametrize("name", ["kl", "abs", "mse"])
+def test_trl_compute_rewards_returns_trls_three_tensors_with_its_padding(name):
+    lp, ref = _pair(5, dtype=torch.float64)
+    masks = torch.ones(lp.shape, dtype=torch.long)
+    masks[1, 10:] = 0  # right padding: TRL leaves -kl_coef * kl there
+    masks[2, :3] = 0  # left padding
+    scores = torch.tensor([0.5, -1.0, 2.0, 0.0], dtype=torch.float64)
+    ours = trl.compute_rewards(scores, lp, ref, masks, kl_coef=0.2, kl_penalty=name)
+    theirs = _trl_compute_rewards(scores, lp, ref, masks, 0.2, name)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b)
+    assert ours[0][1, 12] != 0  # padding is not zeroed, as TRL's
+
+
+def test_trl_compute_rewards_rejects_a_sequence_without_a_valid_token():
+    lp, ref = _pair(dtype=torch.float64)
+    masks = torch.ones(lp.shape)
+    masks[3] = 0
+    with pytest.raises(ValueError, match=r"masks has no 1 in sequence\(s\) \[3\]"):
+        trl.compute_rewards(torch.zeros(4, dtype=torch.float64), lp, ref, masks, kl_coef=0.1)
+    with pytest.raises(ValueError, match="kl_coef must be a finite number >= 0"):
+        trl.compute_rewards(torch.zeros(4, dtype=torch.float64), lp, ref, torch.ones(lp.shape), kl_coef=-1.0)
+
+
+def test_errors_name_the_peers_arguments():
+    lp, ref = _pair()
+    with pytest.raises(ValueError, match="ref_logprob"):
+        verl.kl_penalty(lp, ref[:, :3], "k1")
+    with pytest.raises(ValueError, match="logprob contains NaN"):
+        trl.kl_penalty(torch.full((2,), float("nan")), torch.zeros(2), "kl")
