@@ -6,9 +6,10 @@ return conventions, computed by the package's code, so that code written against
 only its import changed. What differs on purpose is said in each docstring; the rules themselves are
 :mod:`kltutorial.controllers`'.
 
-So far: the KL penalties of TRL (v0.11.4: ``kl_penalty``, ``compute_rewards``) and verl
-(``kl_penalty``, ``kl_penalty_forward``, with its clamps and ``+`` names), computed by
-the estimators' ``kl_estimate``, and the KL controllers of all three:
+So far: the KL penalties and reward shaping of TRL (v0.11.4: ``kl_penalty``, ``compute_rewards``),
+verl (``kl_penalty``, ``kl_penalty_forward``, with its clamps and ``+`` names) and OpenRLHF (v0.11.0:
+``compute_approx_kl``, ``compute_reward``), computed by the estimators' ``kl_estimate``, and the KL
+controllers of all three:
 
 =============  ==========================================  =================================
 module         ``AdaptiveKLController``                    ``update``

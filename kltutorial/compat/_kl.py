@@ -43,17 +43,19 @@ def full_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tens
 
 
 def rewards_with_penalty(
-    scores: torch.Tensor, kls: torch.Tensor, masks: torch.Tensor, kl_coef: float
+    scores: torch.Tensor, kls: torch.Tensor, masks: torch.Tensor, kl_coef: float, *,
+    mask_name: str = "masks", kl_name: str = "logprobs",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """TRL's reward shaping: ``-kl_coef * kl`` at every position (padding included), plus the score at the
-    last position whose mask is 1. Returns (rewards, non_score_rewards)."""
+    """TRL's and OpenRLHF's reward shaping: ``-kl_coef * kl`` at every position (padding included), plus the
+    score at the last position whose mask is 1. Returns (rewards, non_score_rewards). Errors name the
+    caller's arguments (``mask_name``, ``kl_name``)."""
     kl_coef = check_coef(kl_coef, "kl_coef")
-    mask = check_mask(masks, "masks", kls.shape)
     if kls.ndim != 2:
-        raise ValueError(f"logprobs must have shape (B, T), got {tuple(kls.shape)}")
+        raise ValueError(f"{kl_name} must have shape (B, T), got {tuple(kls.shape)}")
+    mask = check_mask(masks, mask_name, kls.shape)
     if not mask.any(dim=-1).all():
         empty = torch.nonzero(~mask.any(dim=-1)).flatten().tolist()
-        raise ValueError(f"masks has no 1 in sequence(s) {empty}; each needs one for its score")
+        raise ValueError(f"{mask_name} has no 1 in sequence(s) {empty}; each needs one for its score")
     scores = torch.as_tensor(scores).reshape(-1)
     if scores.shape[0] != kls.shape[0]:
         raise ValueError(f"scores must hold one score per sequence ({kls.shape[0]}), got {scores.shape[0]}")

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kltutorial.compat import trl, verl
+from kltutorial.compat import openrlhf, trl, verl
 
 # --- the peers' code ------------------------------------------------------------------------------------
 
@@ -159,3 +159,69 @@ def test_errors_name_the_peers_arguments():
         verl.kl_penalty(lp, ref[:, :3], "k1")
     with pytest.raises(ValueError, match="logprob contains NaN"):
         trl.kl_penalty(torch.full((2,), float("nan")), torch.zeros(2), "kl")
+
+
+# --- OpenRLHF v0.11.0 (openrlhf/models/utils.py) -----------------------------------------------------------
+
+
+def _openrlhf_approx_kl(log_probs, log_probs_base, kl_estimator="k1"):
+    log_ratio = log_probs.float() - log_probs_base.float()
+    if kl_estimator == "k1":
+        pass
+    elif kl_estimator == "k2":
+        log_ratio = log_ratio**2 / 2.0
+    elif kl_estimator == "k3":
+        log_ratio = (-log_ratio).exp() - 1 + log_ratio
+    else:
+        raise ValueError(f"Unknown kl_estimator: {kl_estimator}")
+    return log_ratio.clamp(min=-10, max=10)
+
+
+def _openrlhf_reward(r, kl_coef, kl, action_mask=None, reward_clip_range=None):
+    if kl_coef <= 0.0:
+        kl_coef = 0.0
+    if reward_clip_range:
+        r = r.clamp(min=reward_clip_range[0], max=reward_clip_range[1])
+    kl_reward = -kl_coef * kl
+    eos_indices = action_mask.size(1) - 1 - action_mask.long().fliplr().argmax(dim=1, keepdim=True)
+    last_reward = torch.zeros_like(kl).scatter_(dim=1, index=eos_indices, src=r.unsqueeze(1).to(kl.dtype))
+    return last_reward + kl_reward
+
+
+@pytest.mark.parametrize("name", ["k1", "k2", "k3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_openrlhf_compute_approx_kl_is_openrlhfs(name, dtype):
+    lp, ref = _pair(6, dtype=dtype)
+    ours_lp, theirs_lp = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+    ours = openrlhf.compute_approx_kl(ours_lp, ref, kl_estimator=name)
+    theirs = _openrlhf_approx_kl(theirs_lp, ref, kl_estimator=name)
+    assert ours.dtype == theirs.dtype == torch.float32
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+    ours.sum().backward()
+    theirs.sum().backward()
+    torch.testing.assert_close(ours_lp.grad, theirs_lp.grad, rtol=1e-2, atol=1e-6)
+    with pytest.raises(ValueError, match="Unknown kl_estimator: k3\\+"):
+        openrlhf.compute_approx_kl(lp, ref, kl_estimator="k3+")
+
+
+@pytest.mark.parametrize("clip", [None, (-1.0, 1.0)])
+def test_openrlhf_compute_reward_is_openrlhfs(clip):
+    lp, ref = _pair(7, dtype=torch.float64)
+    kl = openrlhf.compute_approx_kl(lp, ref, "k1")
+    mask = torch.ones(kl.shape, dtype=torch.long)
+    mask[0, 12:] = 0
+    mask[3, :2] = 0
+    r = torch.tensor([2.5, -0.3, 0.0, -4.0])
+    ours = openrlhf.compute_reward(r, 0.05, kl, action_mask=mask, reward_clip_range=clip)
+    torch.testing.assert_close(ours, _openrlhf_reward(r, 0.05, kl, mask, clip))
+
+
+def test_openrlhf_compute_reward_raises_where_it_would_be_silently_wrong():
+    kl = torch.zeros(2, 3)
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    with pytest.raises(ValueError, match=r"action_mask has no 1 in sequence\(s\) \[1\]"):
+        openrlhf.compute_reward(torch.zeros(2), 0.1, kl, action_mask=mask)
+    with pytest.raises(ValueError, match="kl_coef must be a finite number >= 0"):
+        openrlhf.compute_reward(torch.zeros(2), -0.1, kl, action_mask=torch.ones(2, 3))
+    with pytest.raises(TypeError, match="needs action_mask"):
+        openrlhf.compute_reward(torch.zeros(2), 0.1, kl)
