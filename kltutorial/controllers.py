@@ -120,7 +120,7 @@ class KLController:
     def value(self, beta: float) -> None:
         check = check_coef if self._beta_may_be_zero else check_positive
         beta = check(beta, "value")
-        low, high = getattr(self, "min_coef", 0.0), getattr(self, "max_coef", _HUGE)
+        low, high = self._value_range()
         if not low <= beta <= high:
             raise ValueError(f"value must lie in [min_coef, max_coef] = [{low}, {high}], got {beta}")
         self._beta = self._betas[-1] = beta
@@ -129,6 +129,10 @@ class KLController:
     def history(self) -> ControllerHistory:
         """KL seen by each update and the coefficients (see :class:`ControllerHistory`)."""
         return ControllerHistory(kl=np.array(self._kl_seen, dtype=float), beta=np.array(self._betas))
+
+    def _value_range(self) -> tuple[float, float]:
+        """The range a coefficient set by hand must lie in (the clamped rules narrow it to their clamp)."""
+        return 0.0, _HUGE
 
     def next_beta(self, beta: ArrayLike, kl: ArrayLike, n_steps: int = 1) -> ArrayLike:
         """The rule: the coefficient after observing ``kl`` with ``beta`` (elementwise, no state).
@@ -332,6 +336,9 @@ class _ClampedKLController(KLController):
             )
         self.target_kl = check_positive(target_kl, "target_kl")
         self._start(initial)
+
+    def _value_range(self) -> tuple[float, float]:
+        return self.min_coef, self.max_coef
 
 
 class DoublingKLController(_ClampedKLController):

@@ -48,7 +48,23 @@ from ._validation import (
 from .estimators import Estimator, _estimate, _KLInputs, get_estimator
 from .logprobs import _exact_kl_trusted, _token_logprobs_trusted
 
-__all__ = ["shape_rewards", "compute_rlhf_objective"]
+__all__ = ["shape_rewards", "compute_rlhf_objective", "last_valid_positions"]
+
+
+def last_valid_positions(mask: torch.Tensor, name: str = "attention_mask") -> torch.Tensor:
+    """The last position whose (boolean, (B, T)) ``mask`` is true in each sequence, shape (B,): where a
+    sequence's score goes. A sequence with no valid position raises ``ValueError`` naming ``name``.
+
+    Examples
+    --------
+    >>> last_valid_positions(torch.tensor([[True, True, False], [False, True, True]]))
+    tensor([1, 2])
+    """
+    if not mask.any(dim=-1).all():
+        empty = torch.nonzero(~mask.any(dim=-1)).flatten().tolist()
+        raise ValueError(f"{name} has no valid token in sequence(s) {empty}; each needs one for its score")
+    positions = torch.arange(mask.shape[-1], device=mask.device)
+    return torch.where(mask, positions, -1).amax(dim=-1)
 
 
 def shape_rewards(
@@ -93,16 +109,8 @@ def shape_rewards(
     check_scores(scores, "scores", batch)
     mask = check_mask(attention_mask, "attention_mask", per_token_kl.shape)
     beta = check_coef(beta, "beta")
-    if not mask.any(dim=-1).all():
-        empty = torch.nonzero(~mask.any(dim=-1)).flatten().tolist()
-        raise ValueError(
-            f"attention_mask has no valid token in sequence(s) {empty}; each needs one for its score"
-        )
-    zeros = torch.zeros_like(per_token_kl)
-    rewards = torch.where(mask, -beta * per_token_kl, zeros)
-    # Index of the last valid token: the largest position whose mask is 1.
-    positions = torch.arange(per_token_kl.shape[1], device=per_token_kl.device)
-    last = torch.where(mask, positions, -1).amax(dim=-1)  # (B,)
+    last = last_valid_positions(mask)  # (B,)
+    rewards = torch.where(mask, -beta * per_token_kl, torch.zeros_like(per_token_kl))
     rewards[torch.arange(batch), last] += scores.to(rewards.dtype)
     return rewards
 

@@ -7,6 +7,7 @@ import torch
 
 from .._validation import check_coef, check_mask, check_tensor_pair
 from ..estimators import kl_estimate
+from ..objective import last_valid_positions
 
 __all__ = ["sampled_penalty", "full_penalty", "rewards_with_penalty"]
 
@@ -52,16 +53,11 @@ def rewards_with_penalty(
     kl_coef = check_coef(kl_coef, "kl_coef")
     if kls.ndim != 2:
         raise ValueError(f"{kl_name} must have shape (B, T), got {tuple(kls.shape)}")
-    mask = check_mask(masks, mask_name, kls.shape)
-    if not mask.any(dim=-1).all():
-        empty = torch.nonzero(~mask.any(dim=-1)).flatten().tolist()
-        raise ValueError(f"{mask_name} has no 1 in sequence(s) {empty}; each needs one for its score")
+    last = last_valid_positions(check_mask(masks, mask_name, kls.shape), mask_name)  # (B,)
     scores = torch.as_tensor(scores).reshape(-1)
     if scores.shape[0] != kls.shape[0]:
         raise ValueError(f"scores must hold one score per sequence ({kls.shape[0]}), got {scores.shape[0]}")
     non_score = -kl_coef * kls
     rewards = non_score.clone()
-    positions = torch.arange(kls.shape[1], device=kls.device)
-    last = torch.where(mask, positions, -1).amax(dim=-1)  # (B,): the last position whose mask is 1
     rewards[torch.arange(kls.shape[0]), last] += scores.to(rewards.dtype)
     return rewards, non_score

@@ -147,7 +147,7 @@ def test_trl_compute_rewards_rejects_a_sequence_without_a_valid_token():
     lp, ref = _pair(dtype=torch.float64)
     masks = torch.ones(lp.shape)
     masks[3] = 0
-    with pytest.raises(ValueError, match=r"masks has no 1 in sequence\(s\) \[3\]"):
+    with pytest.raises(ValueError, match=r"masks has no valid token in sequence\(s\) \[3\]"):
         trl.compute_rewards(torch.zeros(4, dtype=torch.float64), lp, ref, masks, kl_coef=0.1)
     with pytest.raises(ValueError, match="kl_coef must be a finite number >= 0"):
         trl.compute_rewards(torch.zeros(4, dtype=torch.float64), lp, ref, torch.ones(lp.shape), kl_coef=-1.0)
@@ -219,7 +219,7 @@ def test_openrlhf_compute_reward_is_openrlhfs(clip):
 def test_openrlhf_compute_reward_raises_where_it_would_be_silently_wrong():
     kl = torch.zeros(2, 3)
     mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
-    with pytest.raises(ValueError, match=r"action_mask has no 1 in sequence\(s\) \[1\]"):
+    with pytest.raises(ValueError, match=r"action_mask has no valid token in sequence\(s\) \[1\]"):
         openrlhf.compute_reward(torch.zeros(2), 0.1, kl, action_mask=mask)
     with pytest.raises(ValueError, match="kl_coef must be a finite number >= 0"):
         openrlhf.compute_reward(torch.zeros(2), -0.1, kl, action_mask=torch.ones(2, 3))
