@@ -1,37 +1,43 @@
 """kltutorial: the code behind the book *The KL Penalty in RLHF*.
 
 Every number and figure in the book comes from this package; the notebooks import it and never
-re-implement it. One concept per module:
+re-implement it. The package is three layers, and an import only ever points down them:
+
+**The library**, what a trainer imports (it imports nothing but itself):
 
 ====================  ====================================================  ========
 module                what it holds                                         sections
 ====================  ====================================================  ========
-``divergences``       KL, entropy, cross-entropy of categoricals; Gaussian  1, 2
-                      fits by forward and reverse KL
 ``logprobs``          log-probs of chosen tokens; exact per-position KL     8, 12
 ``estimators``        registry of KL estimators; masking, reduction         4, 8, 9
-``estimation``        bias, spread and sign of the estimators (Gaussians)   4
-``gradients``         exact expected gradients of each estimator as a loss  4, 9
 ``objective``         per-token reward shaping; the penalised objective     5, 8
-``placement``         KL in the reward (then GAE) or in the loss, exactly   9
 ``controllers``       fixed, proportional, doubling, exponential beta       7, 8
-``compat``            the peers' signatures (``compat.trl``, ``.verl``,     8
-                      ``.openrlhf``) over the package's code
-``control_study``     step response, gain and settling of the controllers   7
-``beta_scale``        reward scale, sum vs token-mean targets, sweeps       6
-``reference_cost``    reference log-probs reused; LoRA's disabled adapter   6
-``sequences``         exact maths of a listable sequence space: chain       3, 5, 11
-                      rule, estimates, pi*_beta, frontier, best-of-n
-``simulate``          the (invented) training-dynamics models of §10        10
-``patterns``          hand-made per-token KL curves of §10                  10
-``toyrlhf``           a real RLHF run on an enumerable output space         11
-``scaling_fit``       Gao et al.'s functional forms fitted to the frontier  11
-``diagnostics``       negative-KL causes, spike detection, what to log      12
+``monitoring``        what to log at every step (k1, k3, their standard     12
+                      errors, signs, entropy); KL spike detection
+``compat``            the peers' names and signatures (``compat.trl``,      8
+                      ``.verl``, ``.openrlhf``) over the library's code
+``_validation``       the input checks every public function shares         all
+====================  ====================================================  ========
+
+**The exact maths** (:mod:`kltutorial.exact`, imports only the library): divergences of categoricals
+and Gaussians (§1, §2); listable sequence spaces, where every KL, expectation and :math:`\\pi^*_\beta` is a
+finite sum (§3, §5, §11); the per-token fixed points of each recipe (§9); exact expected gradients
+(``exact.gradients``, §4) and the KL in the reward or in the loss (``exact.placement``, §9).
+
+**The book's studies and tools**, built on both:
+
+====================  ====================================================  ========
+``studies``           one module per section's measurement: ``estimation``  4-12
+                      (§4), ``beta_scale`` and ``reference_cost`` (§6),
+                      ``control`` (§7), ``dynamics`` (§10), ``scaling_fit``
+                      (§11), ``diagnostics``, ``bench``,
+                      ``bench_simulation`` (§12)
+``toyrlhf``           a real RLHF run on an enumerable output space, its    9, 11
+                      recipes (PPO, RLOO, GRPO variants) and a transformer
+                      policy (``python -m kltutorial.toyrlhf``)
 ``plotting``          the book's figures: one style module, one module      all
                       per family of figures
-``bench``             memory/time benchmark of the log-prob kernels         12
-``bench_simulation``  the vectorised §10 model against a scalar loop        12
-``display``           source listings; ``glue``/``glued``: prose numbers    all
+``book``              source listings; ``glue``/``glued``: prose numbers    all
 ====================  ====================================================  ========
 
 Shape vocabulary used in every docstring: ``B`` batch, ``T`` tokens (positions), ``V`` vocabulary,

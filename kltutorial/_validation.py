@@ -15,6 +15,13 @@ import numpy as np
 import torch
 
 __all__ = [
+    "as_real",
+    "check_betas",
+    "check_logprobs",
+    "check_table",
+    "check_values",
+    "normalisation_tolerance",
+    "check_positions_mask",
     "check_float_tensor",
     "check_logits",
     "check_tensor_pair",
@@ -160,7 +167,7 @@ def check_scores(scores: object, name: str, batch: int) -> torch.Tensor:
 # Numbers
 
 
-def _as_real(x: object, name: str) -> float:
+def as_real(x: object, name: str) -> float:
     if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
     return float(x)
@@ -172,7 +179,7 @@ def check_real(x: object, name: str) -> float:
         if x.ndim != 0:
             raise ValueError(f"{name} must be a single number, got an array of shape {tuple(x.shape)}")
         x = x.item()  # a bool or complex element is then rejected like a bool or complex number
-    v = _as_real(x, name)
+    v = as_real(x, name)
     if not math.isfinite(v):
         raise ValueError(f"{name} must be a finite number, got {v}")
     return v
@@ -180,7 +187,7 @@ def check_real(x: object, name: str) -> float:
 
 def check_coef(x: object, name: str) -> float:
     """Check a finite, non-negative coefficient such as beta; return it as float."""
-    v = _as_real(x, name)
+    v = as_real(x, name)
     if not math.isfinite(v) or v < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {v}")
     return v
@@ -193,7 +200,7 @@ def check_positive(x: object, name: str) -> float:
 
 def check_greater(x: object, name: str, bound: float) -> float:
     """Check a finite number strictly greater than ``bound``; return it as float."""
-    v = _as_real(x, name)
+    v = as_real(x, name)
     if not math.isfinite(v) or v <= bound:
         raise ValueError(f"{name} must be a finite number > {bound:g}, got {v}")
     return v
@@ -256,3 +263,72 @@ def check_generator(generator: object, name: str = "generator") -> torch.Generat
         )
     return generator
 
+
+def check_positions_mask(mask: object, shape: tuple[int, ...]) -> torch.Tensor:
+    """A (B, T) or (T,) 0/1 mask, as a boolean tensor broadcastable to ``shape``; None: every position."""
+    if mask is None:
+        return torch.ones(shape, dtype=torch.bool)
+    if isinstance(mask, torch.Tensor) and mask.dim() == 1:
+        return check_mask(mask, "mask", torch.Size(shape[-1:])).expand(shape)
+    return check_mask(mask, "mask", torch.Size(shape))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Distributions over a listed space (kltutorial.exact) and β grids
+
+
+def normalisation_tolerance(x: torch.Tensor) -> float:
+    """How far from 0 a log-normaliser may be: sqrt(eps), 1.5e-8 in float64, 3.5e-4 in float32."""
+    return math.sqrt(torch.finfo(x.dtype).eps)
+
+
+def check_table(space: object, table: object, name: str) -> torch.Tensor:
+    """A next-token table of ``space`` (a :class:`~kltutorial.exact.SequenceSpace`): shape
+    (n_prefixes, V), every row normalised."""
+    table = check_float_tensor(table, name, ndim=2, allow_inf=True)
+    want = (space.n_prefixes, space.vocab_size)
+    if tuple(table.shape) != want:
+        raise ValueError(
+            f"{name} must have shape {want}, one row of next-token log-probs per prefix of length "
+            f"0 to {space.length - 1}; got {tuple(table.shape)}"
+        )
+    off = torch.logsumexp(table, dim=-1).abs().max()
+    if not off <= normalisation_tolerance(table):
+        raise ValueError(
+            f"{name} must hold next-token log-probabilities (every row's logsumexp 0), but a row is off "
+            f"by {float(off):.3g}; for logits pass torch.log_softmax(logits, dim=-1)"
+        )
+    return table
+
+
+def check_logprobs(x: object, name: str, size: int | None = None) -> torch.Tensor:
+    """The log-probabilities of one distribution over ``size`` outcomes (1-D, logsumexp 0)."""
+    x = check_float_tensor(x, name, ndim=1, allow_inf=True)
+    if size is not None and x.shape[0] != size:
+        raise ValueError(f"{name} must have shape ({size},), one log-prob per sequence; got {tuple(x.shape)}")
+    off = torch.logsumexp(x, dim=0).abs()
+    if not off <= normalisation_tolerance(x):
+        raise ValueError(
+            f"{name} must be the log-probabilities of a distribution (logsumexp 0), but its logsumexp is "
+            f"off by {float(off):.3g}; normalise it with {name} - torch.logsumexp({name}, 0)"
+        )
+    return x
+
+
+def check_values(x: object, name: str, size: int) -> torch.Tensor:
+    """One finite value per outcome, 1-D of length ``size``."""
+    x = check_float_tensor(x, name, ndim=1)
+    if x.shape[0] != size:
+        raise ValueError(f"{name} must have shape ({size},), one value per sequence; got {tuple(x.shape)}")
+    return x
+
+
+def check_betas(betas: object) -> np.ndarray:
+    """A non-empty 1-D array of finite β values > 0."""
+    try:
+        arr = np.asarray(betas, dtype=float).reshape(-1)
+    except (TypeError, ValueError):
+        raise TypeError(f"betas must be a sequence of numbers, got {type(betas).__name__}") from None
+    if arr.size == 0 or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+        raise ValueError(f"betas must be a non-empty sequence of finite numbers > 0, got {betas!r}")
+    return arr

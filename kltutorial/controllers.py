@@ -248,7 +248,7 @@ class AdaptiveKLController(KLController):
     (``horizon=10000``, ``n_steps`` = batch size) :math:`\beta` moves slowly. Each update changes
     :math:`\log\beta` in proportion to the error (Ziegler et al. call it a log-space proportional
     controller), so :math:`\beta` accumulates the error over updates: on :math:`\beta` it acts as an
-    integral controller, which is why it overshoots (book section 7, ``kltutorial.control_study``).
+    integral controller, which is why it overshoots (book section 7, ``kltutorial.studies.control``).
 
     Parameters
     ----------

@@ -79,7 +79,7 @@ from ._validation import (
     check_same_shape,
     check_tensor_pair,
 )
-from .logprobs import _exact_kl_trusted
+from .logprobs import exact_kl_unchecked
 
 __all__ = [
     "ESTIMATORS",
@@ -279,7 +279,7 @@ def full_kl(
     policy_logits: torch.Tensor, reference_logits: torch.Tensor, attention_mask: torch.Tensor | None
 ) -> torch.Tensor:
     r"""The exact per-position KL over the vocabulary, :func:`~kltutorial.logprobs.exact_kl`, shape (B, T)."""
-    return _exact_kl_trusted(policy_logits, reference_logits, attention_mask)
+    return exact_kl_unchecked(policy_logits, reference_logits, attention_mask)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -287,8 +287,13 @@ def full_kl(
 
 
 @dataclass(frozen=True)
-class _KLInputs:
-    """Checked arguments of one estimate: the estimator, the clamps and the tensors it reads."""
+class KLInputs:
+    """Checked arguments of one estimate: the estimator, the clamps and the tensors it reads.
+
+    Built by :func:`kl_estimate` and :func:`compute_token_kl` after their checks, and by a caller that
+    has checked the tensors itself (:func:`kltutorial.objective.compute_rlhf_objective`); nothing is
+    checked again. :meth:`estimate` computes the per-token estimate.
+    """
 
     spec: EstimatorSpec
     clamp: float | None = None
@@ -305,6 +310,14 @@ class _KLInputs:
             return self.policy_logprobs.shape
         return self.policy_logits.shape[:-1]
 
+    def estimate(self, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The per-token estimate, (B, T): the estimator, then the clamps, then straight-through.
+
+        ``mask`` (boolean, (B, T)) is used only by logits-based estimators, to keep padding out of their
+        backward; the caller masks the result.
+        """
+        return _estimate(self, mask)
+
 
 def _check_inputs(
     policy_logprobs: object,
@@ -314,7 +327,7 @@ def _check_inputs(
     log_ratio_clamp: object,
     policy_logits: object,
     reference_logits: object,
-) -> _KLInputs:
+) -> KLInputs:
     """Validate the arguments that kl_estimate and compute_token_kl share."""
     spec = get_estimator(estimator)
     clamp = None if clamp is None else check_positive(clamp, "clamp")
@@ -343,7 +356,7 @@ def _check_inputs(
                 f"policy_logprobs must have shape {tuple(policy_logits.shape[:-1])}, the logits' (B, T), "
                 f"got {tuple(policy_logprobs.shape)}"
             )
-    return _KLInputs(
+    return KLInputs(
         spec, clamp, log_ratio_clamp, policy_logprobs, reference_logprobs, policy_logits, reference_logits
     )
 
@@ -356,7 +369,7 @@ def _log_ratio(policy_logprobs: torch.Tensor, reference_logprobs: torch.Tensor) 
     return policy_logprobs.to(dtype) - reference_logprobs.to(dtype)
 
 
-def _estimate(x: _KLInputs, mask: torch.Tensor | None = None) -> torch.Tensor:
+def _estimate(x: KLInputs, mask: torch.Tensor | None = None) -> torch.Tensor:
     """The per-token estimate from checked input: the estimator, then the clamps, then straight-through.
 
     ``mask`` (boolean, (B, T)) is used only by logits-based estimators, to keep padding out of their

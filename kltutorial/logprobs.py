@@ -24,7 +24,7 @@ in the same way. Both are ``torch.autograd.Function``\ s whose backward recomput
 chunk instead of storing it, so the only (B, T, V) tensor they allocate is the gradient itself.
 
 ``naive_logprobs_for_tokens`` and ``naive_exact_kl`` are the baselines (the textbook recipes); the tests
-check that the lean versions agree with them and ``python -m kltutorial.bench`` measures both.
+check that the lean versions agree with them and ``python -m kltutorial.studies.bench`` measures both.
 
 Shapes: B batch, T tokens, V vocabulary.
 """
@@ -58,7 +58,7 @@ __all__ = [
 #: About 2 MiB of float32 work per chunk: large enough that each chunk is many rows of one big
 #: kernel call (a single row per call is slower), small enough that the three or four chunk-sized
 #: buffers exact KL keeps busy stay near a core's L2 cache. The value is not critical, and the best one
-#: depends on the machine: ``python -m kltutorial.bench --sweep`` times chunk sizes from 128 KiB to
+#: depends on the machine: ``python -m kltutorial.studies.bench --sweep`` times chunk sizes from 128 KiB to
 #: 16 MiB on yours. Peak extra memory is a few chunks, whatever (B, T).
 CHUNK_BYTES = 2 << 20
 
@@ -262,7 +262,7 @@ def get_logprobs_for_tokens(
     (the log of a softmax would underflow to ``-inf``). Bad rows (NaN, ``+inf``, all ``-inf``) are found
     from the normalised rows themselves, at no extra pass over the logits. The loop makes one library call
     per chunk; with several OpenMP threads on a busy machine each call may wait for a thread to be
-    scheduled (see :mod:`kltutorial.bench`), which one thread avoids.
+    scheduled (see :mod:`kltutorial.studies.bench`), which one thread avoids.
 
     The libraries return log-probs in the logits' own dtype: TRL's ``selective_log_softmax``
     (``trl/trainer/utils.py``) and OpenRLHF's ``log_probs_from_logits`` (``openrlhf/models/utils.py``)
@@ -280,10 +280,10 @@ def get_logprobs_for_tokens(
     """
     logits = check_logits(logits, "logits")
     tokens = check_token_ids(tokens, "tokens", logits.shape[:-1], logits.shape[-1])
-    return _token_logprobs_trusted(logits, tokens, chunk_size)
+    return logprobs_for_tokens_unchecked(logits, tokens, chunk_size)
 
 
-def _token_logprobs_trusted(
+def logprobs_for_tokens_unchecked(
     logits: torch.Tensor, tokens: torch.Tensor, chunk_size: int | None = None
 ) -> torch.Tensor:
     """:func:`get_logprobs_for_tokens` for a caller that has already checked ``logits`` and ``tokens``."""
@@ -471,10 +471,10 @@ def exact_kl(
     mask = None
     if attention_mask is not None:
         mask = check_mask(attention_mask, "attention_mask", policy_logits.shape[:-1])
-    return _exact_kl_trusted(policy_logits, reference_logits, mask, chunk_size)
+    return exact_kl_unchecked(policy_logits, reference_logits, mask, chunk_size)
 
 
-def _exact_kl_trusted(
+def exact_kl_unchecked(
     policy_logits: torch.Tensor,
     reference_logits: torch.Tensor,
     mask: torch.Tensor | None,

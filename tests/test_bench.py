@@ -1,4 +1,5 @@
-"""Tests of kltutorial.bench: the baselines compute what they claim to, and bad cases fail before any run."""
+"""Tests of kltutorial.studies.bench: the baselines compute what they claim to, and bad cases fail before
+any run."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from kltutorial import bench, bench_simulation
 from kltutorial.logprobs import CHUNK_BYTES, naive_logprobs_for_tokens
-from kltutorial.simulate import TrainingNoise, draw_training_noise, simulate_training_trajectory
+from kltutorial.studies import bench, bench_simulation
+from kltutorial.studies.dynamics import TrainingNoise, draw_training_noise, simulate_training_trajectory
 
 
 def test_trl_style_baseline_matches_naive():

@@ -1,4 +1,4 @@
-"""Tests of kltutorial.beta_scale and kltutorial.reference_cost (book section 6)."""
+"""Tests of kltutorial.studies.beta_scale and kltutorial.studies.reference_cost (book section 6)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from kltutorial import sequences as seq
-from kltutorial.beta_scale import (
+from kltutorial import exact as ex
+from kltutorial.studies.beta_scale import (
     max_kl,
     normalise_reward,
     reward_scale_gap,
@@ -17,7 +17,7 @@ from kltutorial.beta_scale import (
     summarize_sweep,
     token_mean_to_sum,
 )
-from kltutorial.reference_cost import LoRABigram, reference_reuse_check
+from kltutorial.studies.reference_cost import LoRABigram, reference_reuse_check
 
 F64 = torch.float64
 
@@ -39,8 +39,8 @@ def test_scaling_reward_and_beta_together_changes_nothing(problem, scale, beta):
 
 def test_scaling_only_the_reward_is_dividing_beta(problem):
     ref, reward = problem
-    a = seq.optimal_policy(ref, 4.0 * reward, 1.0)
-    b = seq.optimal_policy(ref, reward, 0.25)
+    a = ex.optimal_policy(ref, 4.0 * reward, 1.0)
+    b = ex.optimal_policy(ref, reward, 0.25)
     torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
@@ -51,7 +51,7 @@ def test_normalise_reward_mean_zero_var_one_and_beta_times_sigma(problem):
     assert abs(float((p * r).sum())) < 1e-12
     assert abs(float((p * r**2).sum()) - 1) < 1e-12
     assert abs(mu - float((p * reward).sum())) < 1e-12
-    torch.testing.assert_close(seq.optimal_policy(ref, r, 0.3), seq.optimal_policy(ref, reward, 0.3 * sigma),
+    torch.testing.assert_close(ex.optimal_policy(ref, r, 0.3), ex.optimal_policy(ref, reward, 0.3 * sigma),
                                rtol=0, atol=1e-12)
 
 
@@ -77,10 +77,10 @@ def test_token_mean_matches_a_masked_mean():
 def test_max_kl_is_the_small_beta_limit(problem):
     ref, reward = problem
     limit = max_kl(ref, reward)
-    kl_small = seq.sequence_kl(seq.optimal_policy(ref, reward, 1e-4), ref)
+    kl_small = ex.sequence_kl(ex.optimal_policy(ref, reward, 1e-4), ref)
     assert abs(kl_small - limit) < 1e-9
     for beta in [0.01, 0.1, 1.0]:
-        assert seq.sequence_kl(seq.optimal_policy(ref, reward, beta), ref) < limit
+        assert ex.sequence_kl(ex.optimal_policy(ref, reward, beta), ref) < limit
     assert limit == pytest.approx(-float(ref[reward.argmax()]))
 
 

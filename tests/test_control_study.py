@@ -1,4 +1,4 @@
-"""Tests of kltutorial.control_study: the step-response loop against a hand-computed run, the
+"""Tests of kltutorial.studies.control: the step-response loop against a hand-computed run, the
 measurements on hand-made responses, the linearised loop against finite differences of the real
 one, the critical gain, the speed limit, and bad inputs."""
 
@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from kltutorial.control_study import (
+from kltutorial.controllers import AdaptiveKLController, ExponentialKLController, FixedKLController
+from kltutorial.studies.control import (
     StepMetrics,
     balance_beta,
     critical_gain,
@@ -19,8 +20,7 @@ from kltutorial.control_study import (
     simulate_step_response,
     updates_to_scale,
 )
-from kltutorial.controllers import AdaptiveKLController, ExponentialKLController, FixedKLController
-from kltutorial.simulate import controlled_step
+from kltutorial.studies.dynamics import controlled_step
 
 
 def _step(target0, target1, horizon, n=1, **kw):

@@ -1,5 +1,5 @@
-"""Tests of kltutorial.diagnostics (book section 12): log statistics against hand computations and exact
-expectations, the samplers against their definitions, per-token KL tables against the chain rule, the
+"""Tests of kltutorial.monitoring and kltutorial.studies.diagnostics (book section 12): log statistics
+and exact expectations, the samplers against their definitions, per-token KL tables against the chain rule,
 spike detector on series whose spikes are known, and a table of bad inputs."""
 
 from __future__ import annotations
@@ -10,20 +10,21 @@ import numpy as np
 import pytest
 import torch
 
-from kltutorial import diagnostics as dg
+from kltutorial import exact as ex
 from kltutorial import kl_estimate
-from kltutorial import sequences as seq
+from kltutorial import monitoring as mon
+from kltutorial.studies import diagnostics as dg
 
 F64 = torch.float64
 
 
-def _random_table(space: seq.SequenceSpace, seed: int, scale: float = 1.0) -> torch.Tensor:
+def _random_table(space: ex.SequenceSpace, seed: int, scale: float = 1.0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     logits = scale * torch.randn(space.n_prefixes, space.vocab_size, generator=g, dtype=F64)
     return torch.log_softmax(logits, dim=-1)
 
 
-SPACE = seq.SequenceSpace(vocab_size=3, length=3)
+SPACE = ex.SequenceSpace(vocab_size=3, length=3)
 PI, REF, Q = (_random_table(SPACE, s) for s in (0, 1, 2))
 
 
@@ -33,7 +34,7 @@ PI, REF, Q = (_random_table(SPACE, s) for s in (0, 1, 2))
 def test_kl_log_stats_by_hand():
     lp = torch.tensor([[-1.0, -2.0], [-1.0, -1.0], [-3.0, -0.5]], dtype=F64)
     lq = torch.tensor([[-2.0, -1.0], [-1.5, -1.0], [-1.0, -0.5]], dtype=F64)
-    s = dg.kl_log_stats(lp, lq)
+    s = mon.kl_log_stats(lp, lq)
     d = lp - lq  # per-sequence k1: 0, 0.5, -2
     k1 = d.sum(-1)
     k3 = (torch.exp(-d) - 1 + d).sum(-1)
@@ -50,46 +51,46 @@ def test_kl_log_stats_uses_the_library_estimators_and_the_mask():
     g = torch.Generator().manual_seed(0)
     lp, lq = -torch.rand(4, 5, generator=g, dtype=F64), -torch.rand(4, 5, generator=g, dtype=F64)
     mask = torch.tensor([1, 1, 1, 0, 0])
-    s = dg.kl_log_stats(lp, lq, mask)
+    s = mon.kl_log_stats(lp, lq, mask)
     k3 = kl_estimate(lp, lq, "k3")[:, :3].sum(-1)
     assert s.k3 == pytest.approx(float(k3.mean()))
     assert s.k1 == pytest.approx(float((lp - lq)[:, :3].sum(-1).mean()))
-    same = dg.kl_log_stats(lp, lq, mask.expand(4, 5))  # a (B, T) mask means the same
+    same = mon.kl_log_stats(lp, lq, mask.expand(4, 5))  # a (B, T) mask means the same
     assert same == s
-    one = dg.kl_log_stats(lp[:1], lq[:1])
+    one = mon.kl_log_stats(lp[:1], lq[:1])
     assert math.isnan(one.k1_se) and math.isnan(one.gap_se)
 
 
 def test_expected_log_stats_on_policy_is_the_exact_kl():
-    logp = seq.sequence_logprobs(SPACE, PI)
-    kl = seq.sequence_kl(logp, seq.sequence_logprobs(SPACE, REF))
+    logp = ex.sequence_logprobs(SPACE, PI)
+    kl = ex.sequence_kl(logp, ex.sequence_logprobs(SPACE, REF))
     s = dg.expected_log_stats(SPACE, PI, REF)
     assert s.k1 == pytest.approx(kl, abs=1e-12) and s.k3 == pytest.approx(kl, abs=1e-12)
     assert s.gap == pytest.approx(0.0, abs=1e-12) and s.n is None and s.k1_se == 0.0
 
 
 def test_expected_k1_under_another_sampler_is_a_difference_of_two_kls():
-    lp, lr, lq = (seq.sequence_logprobs(SPACE, t) for t in (PI, REF, Q))
+    lp, lr, lq = (ex.sequence_logprobs(SPACE, t) for t in (PI, REF, Q))
     s = dg.expected_log_stats(SPACE, PI, REF, sampler_table=Q)
     # E_q[log pi - log ref] = KL(q || ref) - KL(q || pi)
-    assert s.k1 == pytest.approx(seq.sequence_kl(lq, lr) - seq.sequence_kl(lq, lp), abs=1e-12)
+    assert s.k1 == pytest.approx(ex.sequence_kl(lq, lr) - ex.sequence_kl(lq, lp), abs=1e-12)
     off = dg.expected_log_stats(SPACE, PI, REF, sampler_table=REF)
-    assert off.k1 == pytest.approx(-seq.sequence_kl(lr, lp), abs=1e-12) and off.k1 < 0
+    assert off.k1 == pytest.approx(-ex.sequence_kl(lr, lp), abs=1e-12) and off.k1 < 0
 
 
 def test_expected_log_stats_is_the_mean_of_sampled_log_lines():
     mask = torch.tensor([0, 1, 1])
     exact = dg.expected_log_stats(SPACE, PI, REF, sampler_table=Q, mask=mask)
-    idx = seq.sample_autoregressive(SPACE, Q, 200_000, torch.Generator().manual_seed(1))
-    lp, lq = seq.token_logprobs(SPACE, PI)[idx], seq.token_logprobs(SPACE, REF)[idx]
-    s = dg.kl_log_stats(lp, lq, mask)
+    idx = ex.sample_autoregressive(SPACE, Q, 200_000, torch.Generator().manual_seed(1))
+    lp, lq = ex.token_logprobs(SPACE, PI)[idx], ex.token_logprobs(SPACE, REF)[idx]
+    s = mon.kl_log_stats(lp, lq, mask)
     assert abs(s.k1 - exact.k1) < 4 * s.k1_se and abs(s.k3 - exact.k3) < 4 * s.k3_se
     assert abs(s.negative_sequences - exact.negative_sequences) < 0.005
     assert abs(s.negative_tokens - exact.negative_tokens) < 0.005
 
 
 def test_expected_log_stats_shares_by_hand():
-    space = seq.SequenceSpace(vocab_size=2, length=1)
+    space = ex.SequenceSpace(vocab_size=2, length=1)
     pi = torch.tensor([[0.5, 0.5]], dtype=F64).log()
     ref = torch.tensor([[0.25, 0.75]], dtype=F64).log()
     s = dg.expected_log_stats(space, pi, ref)  # token 1 has log(0.5 / 0.75) < 0, probability 0.5
@@ -101,7 +102,7 @@ def test_expected_log_stats_shares_by_hand():
 
 def test_entropy():
     rows = torch.tensor([[0.25, 0.25, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0], [0.5, 0.3, 0.2, 0.0]], dtype=F64)
-    h = dg.entropy(rows.log())
+    h = mon.entropy(rows.log())
     p = rows[2, :3]
     torch.testing.assert_close(h, torch.tensor([math.log(4), 0.0, float(-(p * p.log()).sum())], dtype=F64))
 
@@ -154,7 +155,7 @@ def test_temperature():
     torch.testing.assert_close(out, torch.log_softmax(2 * ROWS, -1))
     torch.testing.assert_close(dg.temperature_logprobs(ROWS, 1.0), ROWS)
     # a higher temperature flattens every row: its entropy rises
-    assert (dg.entropy(dg.temperature_logprobs(ROWS, 2.0)) > dg.entropy(ROWS)).all()
+    assert (mon.entropy(dg.temperature_logprobs(ROWS, 2.0)) > mon.entropy(ROWS)).all()
 
 
 def test_ban_and_force():
@@ -168,7 +169,7 @@ def test_ban_and_force():
 
 def test_at_positions_builds_a_minimum_length():
     banned = dg.at_positions(SPACE, PI, [0, 1], dg.ban_token_logprobs(PI, 0))
-    logp = seq.sequence_logprobs(SPACE, banned)
+    logp = ex.sequence_logprobs(SPACE, banned)
     early_zero = (SPACE.sequences[:, :2] == 0).any(-1)
     assert torch.isneginf(logp[early_zero]).all() and torch.isfinite(logp[~early_zero]).all()
     # position 2 is the policy's: the last rows are unchanged
@@ -182,8 +183,8 @@ def test_at_positions_builds_a_minimum_length():
 def test_token_kl_table_sums_to_the_kl_in_expectation():
     every = torch.arange(SPACE.n_sequences)
     table = dg.token_kl_table(SPACE, PI, REF, every)
-    weights = seq.sequence_logprobs(SPACE, PI).exp()
-    kl = seq.sequence_kl(seq.sequence_logprobs(SPACE, PI), seq.sequence_logprobs(SPACE, REF))
+    weights = ex.sequence_logprobs(SPACE, PI).exp()
+    kl = ex.sequence_kl(ex.sequence_logprobs(SPACE, PI), ex.sequence_logprobs(SPACE, REF))
     # k1 sums to log pi(y) - log ref(y); its mean and the mean of the next-token KLs are both the KL
     assert float((weights * table.sequence_k1).sum()) == pytest.approx(kl, abs=1e-12)
     assert float((weights * table.sequence_kl).sum()) == pytest.approx(kl, abs=1e-12)
@@ -204,24 +205,24 @@ def _noise(n: int, seed: int = 0) -> np.ndarray:
 def test_one_spike_is_flagged_and_nothing_else():
     x = _noise(120)
     x[70] += 1.0
-    r = dg.detect_spikes(x, window=20, threshold=6.0)
+    r = mon.detect_spikes(x, window=20, threshold=6.0)
     assert r.indices.tolist() == [70]
     assert np.isnan(r.score[:20]).all() and not r.flags[:20].any()
 
 
 def test_median_and_mad_by_hand():
     x = [1.0, 2.0, 3.0, 4.0, 100.0, 0.0]
-    r = dg.detect_spikes(x, window=5, threshold=1.0, side="both")
+    r = mon.detect_spikes(x, window=5, threshold=1.0, side="both")
     # step 5: window 1, 2, 3, 4, 100 -> median 3, MAD = median(2, 1, 0, 1, 97) = 1
-    assert r.median[5] == 3.0 and r.scale[5] == pytest.approx(dg.MAD_TO_STD)
-    assert r.score[5] == pytest.approx(-3.0 / dg.MAD_TO_STD) and r.flags[5]
+    assert r.median[5] == 3.0 and r.scale[5] == pytest.approx(mon.MAD_TO_STD)
+    assert r.score[5] == pytest.approx(-3.0 / mon.MAD_TO_STD) and r.flags[5]
 
 
 def test_a_spike_does_not_hide_the_next_one_unlike_mean_and_std():
     x = _noise(120, seed=1)
     x[[60, 66]] += 1.0
-    robust = dg.detect_spikes(x, window=20, threshold=6.0)
-    naive = dg.detect_spikes(x, window=20, threshold=6.0, centre="mean")
+    robust = mon.detect_spikes(x, window=20, threshold=6.0)
+    naive = mon.detect_spikes(x, window=20, threshold=6.0, centre="mean")
     assert robust.indices.tolist() == [60, 66]
     assert naive.indices.tolist() == [60]  # the first spike inflates the standard deviation
 
@@ -229,22 +230,22 @@ def test_a_spike_does_not_hide_the_next_one_unlike_mean_and_std():
 def test_detector_is_causal_and_two_sided_on_request():
     x = _noise(80, seed=2)
     x[50] -= 1.0
-    assert dg.detect_spikes(x).indices.size == 0  # "upper" ignores a drop
-    assert dg.detect_spikes(x, side="both").indices.tolist() == [50]
+    assert mon.detect_spikes(x).indices.size == 0  # "upper" ignores a drop
+    assert mon.detect_spikes(x, side="both").indices.tolist() == [50]
     y = x.copy()
     y[60:] = 50.0  # what happens later cannot change earlier flags
-    before = dg.detect_spikes(x, side="both")
-    after = dg.detect_spikes(y, side="both")
+    before = mon.detect_spikes(x, side="both")
+    after = mon.detect_spikes(y, side="both")
     np.testing.assert_array_equal(before.flags[:60], after.flags[:60])
 
 
 def test_flat_history_uses_the_floor():
     x = np.ones(30)
     x[25] = 1.0 + 1e-12
-    assert dg.detect_spikes(x, window=10).indices.size == 0  # below min_scale * threshold
+    assert mon.detect_spikes(x, window=10).indices.size == 0  # below min_scale * threshold
     x[26] = 1.1
-    assert dg.detect_spikes(x, window=10).indices.tolist() == [26]
-    short = dg.detect_spikes(x[:5], window=10)
+    assert mon.detect_spikes(x, window=10).indices.tolist() == [26]
+    short = mon.detect_spikes(x[:5], window=10)
     assert np.isnan(short.median).all() and short.indices.size == 0
 
 
@@ -253,17 +254,17 @@ def test_flat_history_uses_the_floor():
 LP = torch.zeros(2, 3)
 
 BAD_INPUTS = [
-    ("log-rank", lambda: dg.kl_log_stats(LP[0], LP[0]), ValueError, r"shape \(B, T\)"),
-    ("log-shape", lambda: dg.kl_log_stats(LP, LP[:, :2]), ValueError, "same shape"),
-    ("log-nan", lambda: dg.kl_log_stats(LP.clone().fill_(math.nan), LP), ValueError, "NaN"),
-    ("log-mask", lambda: dg.kl_log_stats(LP, LP, torch.ones(4)), ValueError, "mask must have shape"),
-    ("log-mask-values", lambda: dg.kl_log_stats(LP, LP, torch.full((3,), 0.5)), ValueError, "only 0 and 1"),
+    ("log-rank", lambda: mon.kl_log_stats(LP[0], LP[0]), ValueError, r"shape \(B, T\)"),
+    ("log-shape", lambda: mon.kl_log_stats(LP, LP[:, :2]), ValueError, "same shape"),
+    ("log-nan", lambda: mon.kl_log_stats(LP.clone().fill_(math.nan), LP), ValueError, "NaN"),
+    ("log-mask", lambda: mon.kl_log_stats(LP, LP, torch.ones(4)), ValueError, "mask must have shape"),
+    ("log-mask-values", lambda: mon.kl_log_stats(LP, LP, torch.full((3,), 0.5)), ValueError, "only 0 and 1"),
     ("exp-space", lambda: dg.expected_log_stats("space", PI, REF), TypeError, "SequenceSpace"),
     ("exp-table", lambda: dg.expected_log_stats(SPACE, PI[:3], REF), ValueError, "table must have shape"),
     ("exp-unnormalised", lambda: dg.expected_log_stats(SPACE, PI + 1, REF), ValueError, "logsumexp"),
     ("exp-support", lambda: dg.expected_log_stats(
         SPACE, dg.force_token_logprobs(PI, 0), REF, sampler_table=PI), ValueError, "cannot produce"),
-    ("entropy-type", lambda: dg.entropy([0.0]), TypeError, "torch.Tensor"),
+    ("entropy-type", lambda: mon.entropy([0.0]), TypeError, "torch.Tensor"),
     ("top-k-zero", lambda: dg.top_k_logprobs(ROWS, 0), ValueError, "k must be >= 1"),
     ("top-k-float", lambda: dg.top_k_logprobs(ROWS, 2.0), TypeError, "k must be an int"),
     ("top-p-zero", lambda: dg.top_p_logprobs(ROWS, 0.0), ValueError, "p must be a finite number > 0"),
@@ -278,12 +279,12 @@ BAD_INPUTS = [
     ("table-indices", lambda: dg.token_kl_table(SPACE, PI, REF, torch.tensor([27])), ValueError,
      r"lie in \[0, 27\)"),
     ("table-index-type", lambda: dg.token_kl_table(SPACE, PI, REF, [0]), TypeError, "int64"),
-    ("spike-nan", lambda: dg.detect_spikes([1.0, math.nan]), ValueError, "finite"),
-    ("spike-2d", lambda: dg.detect_spikes(np.ones((2, 3))), ValueError, "1-d"),
-    ("spike-window", lambda: dg.detect_spikes(np.ones(5), window=2), ValueError, "window must be >= 3"),
-    ("spike-threshold", lambda: dg.detect_spikes(np.ones(5), threshold=0), ValueError, "threshold"),
-    ("spike-side", lambda: dg.detect_spikes(np.ones(5), side="lower"), ValueError, "side must be one of"),
-    ("spike-centre", lambda: dg.detect_spikes(np.ones(5), centre="mode"), ValueError, "centre must be one"),
+    ("spike-nan", lambda: mon.detect_spikes([1.0, math.nan]), ValueError, "finite"),
+    ("spike-2d", lambda: mon.detect_spikes(np.ones((2, 3))), ValueError, "1-d"),
+    ("spike-window", lambda: mon.detect_spikes(np.ones(5), window=2), ValueError, "window must be >= 3"),
+    ("spike-threshold", lambda: mon.detect_spikes(np.ones(5), threshold=0), ValueError, "threshold"),
+    ("spike-side", lambda: mon.detect_spikes(np.ones(5), side="lower"), ValueError, "side must be one of"),
+    ("spike-centre", lambda: mon.detect_spikes(np.ones(5), centre="mode"), ValueError, "centre must be one"),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Tests for kltutorial.display: the book shows the real source, without docstrings unless asked,
+"""Tests for kltutorial.book: the book shows the real source, without docstrings unless asked,
 as a Markdown code block that the book's theme and JupyterLab highlight."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from IPython.core.formatters import format_display_data
 from markdown_it import MarkdownIt
 from myst_nb.core.render import base_render_priority
 
-from kltutorial import display
-from kltutorial.display import SourceListing, show_source, source_of
+from kltutorial import book
+from kltutorial.book import SourceListing, show_source, source_of
 
 
 # Objects to show. Their exact text is part of the expected values below.
@@ -118,7 +118,7 @@ def test_package_function_loses_only_its_docstring() -> None:
 
 @pytest.mark.parametrize(
     ("obj", "type_name"),
-    [(42, "int"), ("def f(): pass", "str"), (display, "module"), (len, "builtin_function_or_method"),
+    [(42, "int"), ("def f(): pass", "str"), (book, "module"), (len, "builtin_function_or_method"),
      (functools.partial(sample, 1), "partial"), (None, "NoneType")],
 )
 def test_anything_but_a_function_method_or_class_is_refused(obj: object, type_name: str) -> None:
@@ -195,33 +195,33 @@ def glue_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     calls: list[tuple] = []
     monkeypatch.setattr(myst_nb, "glue", lambda name, value, display=True: calls.append(
         (name, value, display)))
-    monkeypatch.setattr(display, "glued", display.GluedValues())
+    monkeypatch.setattr(book, "glued", book.GluedValues())
     return calls
 
 
 def test_glue_hands_the_value_to_myst_nb_and_keeps_it_on_glued(glue_calls: list[tuple]) -> None:
-    display.glue("kl_mean", 0.123)
-    display.glue("n_runs", 12, display=True)
+    book.glue("kl_mean", 0.123)
+    book.glue("n_runs", 12, display=True)
     assert glue_calls == [("kl_mean", 0.123, False), ("n_runs", 12, True)]
-    assert display.glued.kl_mean == 0.123 and display.glued.n_runs == 12
-    assert repr(display.glued) == "GluedValues(kl_mean, n_runs)"
+    assert book.glued.kl_mean == 0.123 and book.glued.n_runs == 12
+    assert repr(book.glued) == "GluedValues(kl_mean, n_runs)"
     # A cell run again replaces the value, as the glue output in the notebook is replaced.
-    display.glue("kl_mean", 0.5)
-    assert display.glued.kl_mean == 0.5
+    book.glue("kl_mean", 0.5)
+    assert book.glued.kl_mean == 0.5
 
 
 def test_glue_keys_that_are_not_identifiers_are_glued_but_not_attributes(glue_calls: list[tuple]) -> None:
     figure = object()
-    display.glue("fig-kl-estimates", figure)
-    display.glue("class", "a keyword")
+    book.glue("fig-kl-estimates", figure)
+    book.glue("class", "a keyword")
     assert [c[0] for c in glue_calls] == ["fig-kl-estimates", "class"]
-    assert vars(display.glued) == {}
+    assert vars(book.glued) == {}
 
 
 def test_a_name_not_glued_yet_says_so(glue_calls: list[tuple]) -> None:
     with pytest.raises(AttributeError, match="nothing is glued under 'kl' yet: run the cell that glues it"):
-        display.glued.kl  # noqa: B018
-    assert not hasattr(display.glued, "__wrapped__")  # dunder look-ups stay ordinary
+        book.glued.kl  # noqa: B018
+    assert not hasattr(book.glued, "__wrapped__")  # dunder look-ups stay ordinary
 
 
 @pytest.mark.parametrize(("name", "display_flag", "error", "message"), [
@@ -233,7 +233,7 @@ def test_a_name_not_glued_yet_says_so(glue_calls: list[tuple]) -> None:
 def test_glue_refuses_bad_arguments(glue_calls: list[tuple], name: object, display_flag: object,
                                     error: type, message: str) -> None:
     with pytest.raises(error, match=message):
-        display.glue(name, 0.1, display=display_flag)
+        book.glue(name, 0.1, display=display_flag)
     assert glue_calls == []
 
 
@@ -246,9 +246,9 @@ def test_the_prose_expression_gives_the_same_text_in_the_kernel_and_in_the_book(
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
     import myst_eval
 
-    display.glue("kl", round(0.123456, 3))
-    display.glue("share", 0.25)
+    book.glue("kl", round(0.123456, 3))
+    book.glue("share", 0.25)
     expression = 'f"{glued.kl:.3f} nats, {glued.share:.0%} of it"'
-    in_kernel = eval(expression, {"glued": display.glued})  # noqa: S307  (what the kernel does)
+    in_kernel = eval(expression, {"glued": book.glued})  # noqa: S307  (what the kernel does)
     in_book = myst_eval.evaluate(expression, {"kl": 0.123, "share": 0.25})
     assert in_kernel == in_book == "0.123 nats, 25% of it"

@@ -1,4 +1,4 @@
-"""Tests of kltutorial.estimation (book section 4): the Gaussian quadrature against closed forms and
+"""Tests of kltutorial.studies.estimation (book section 4): the Gaussian quadrature against closed forms and
 Schulman's table, sampled moments against exact ones, the samples for figures, and a table of bad inputs."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from kltutorial.estimation import (
+from kltutorial.estimators import kl_estimate
+from kltutorial.studies.estimation import (
     QUADRATURE_NODES,
     EstimatorMoments,
     estimator_samples,
@@ -17,7 +18,6 @@ from kltutorial.estimation import (
     sample_gaussian_pair,
     sampled_moments,
 )
-from kltutorial.estimators import kl_estimate
 
 MUS = [0.1, 0.5, 1.0, 2.0, -1.0]
 

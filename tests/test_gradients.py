@@ -1,6 +1,6 @@
-"""Tests of kltutorial.gradients (book section 4): the exact expected gradients of the estimators used as
-losses against closed forms, against autograd on real samples, on sequences (where the per-token loss is a
-partial gradient), and a table of bad inputs."""
+"""Tests of kltutorial.exact.gradients (book section 4): the exact expected gradients of the estimators
+used as losses against closed forms, against autograd on real samples, on sequences (where the per-token
+loss is a partial gradient), and a table of bad inputs."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from kltutorial import sequences as seq
+from kltutorial import exact as ex
 from kltutorial.estimators import kl_estimate
-from kltutorial.gradients import (
+from kltutorial.exact.gradients import (
     EstimatorGradients,
     GradientAgreement,
     estimator_gradients,
@@ -97,8 +97,8 @@ def test_autograd_on_sampled_tokens_converges_to_the_exact_expectation(name: str
         assert torch.allclose(exact.loss, getattr(exact, target), atol=1e-14)
 
 
-def _sequence_pair(V: int, T: int, seed: int) -> tuple[seq.SequenceSpace, torch.Tensor, torch.Tensor]:
-    space = seq.SequenceSpace(V, T)
+def _sequence_pair(V: int, T: int, seed: int) -> tuple[ex.SequenceSpace, torch.Tensor, torch.Tensor]:
+    space = ex.SequenceSpace(V, T)
     g = torch.Generator().manual_seed(seed)
     ref = torch.log_softmax(1.5 * torch.randn(space.n_prefixes, V, generator=g, dtype=F64), -1)
     theta = ref + 0.8 * torch.randn(space.n_prefixes, V, generator=g, dtype=F64)
@@ -125,10 +125,10 @@ def test_sequence_gradients(V: int, T: int, seed: int) -> None:
 def test_sequence_reverse_kl_gradient_matches_finite_differences() -> None:
     space, theta, ref = _sequence_pair(2, 3, 4)
     g = sequence_estimator_gradients(space, theta, ref, "k1")
-    lq = seq.sequence_logprobs(space, ref)
+    lq = ex.sequence_logprobs(space, ref)
 
     def kl(t: torch.Tensor) -> float:
-        return seq.sequence_kl(seq.sequence_logprobs(space, torch.log_softmax(t, -1)), lq)
+        return ex.sequence_kl(ex.sequence_logprobs(space, torch.log_softmax(t, -1)), lq)
 
     h = 1e-6
     for row, col in [(0, 0), (1, 1), (4, 0), (6, 1)]:
@@ -149,7 +149,7 @@ def test_per_token_k2_is_exact_when_only_the_first_position_differs() -> None:
 
 def test_length_one_sequences_are_a_categorical() -> None:
     theta, ref = _categorical(6, k=4)
-    space = seq.SequenceSpace(4, 1)
+    space = ex.SequenceSpace(4, 1)
     for name in ("k1", "k2", "k3", "abs"):
         a = estimator_gradients(theta, ref, name)
         b = sequence_estimator_gradients(space, theta[None], ref[None], name)

@@ -121,7 +121,7 @@ def test_a_name_glued_under_another_expression_is_reported() -> None:
 
 
 def test_glued_attribute_names_need_no_variable_of_their_own() -> None:
-    # kltutorial.display.glue keeps the value on `glued`, so the code's own `kl` may differ.
+    # kltutorial.book.glue keeps the value on `glued`, so the code's own `kl` may differ.
     notebook = _notebook("kl = 0.5123\nglue('kl', round(kl, 1), display=False)",
                          [_glue_output("kl", "0.5")], 'KL is {eval}`f"{glued.kl:.1f}"`.')
     assert fill(notebook) is True and problems(notebook) == []

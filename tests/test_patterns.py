@@ -1,9 +1,9 @@
-"""kltutorial.patterns: the hand-made per-token KL curves of section 10."""
+"""kltutorial.studies.dynamics: the hand-made per-token KL curves of section 10."""
 
 import numpy as np
 import pytest
 
-from kltutorial.patterns import illustrative_token_kl_patterns
+from kltutorial.studies.dynamics import illustrative_token_kl_patterns
 
 
 def test_token_patterns_shapes_and_shapes_of_curves():

@@ -1,5 +1,5 @@
-"""Tests of kltutorial.placement (book section 9): GAE against hand-computed examples and its closed forms,
-the exact gradients of the KL in the reward and in the loss against the KL gradients they follow, the
+"""Tests of kltutorial.exact.placement (book section 9): GAE against hand-computed examples and its closed
+forms, the exact gradients of the KL in the reward and in the loss against the KL gradients they follow, the
 exact critic, a sampled check of the reward placement, and a table of bad inputs."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from kltutorial import sequences as seq
-from kltutorial.gradients import sequence_estimator_gradients
-from kltutorial.placement import (
+from kltutorial import exact as ex
+from kltutorial.exact.gradients import sequence_estimator_gradients
+from kltutorial.exact.placement import (
     compare_gradients,
     gae_advantages,
     grpo_style_loss,
@@ -77,7 +77,7 @@ def test_gae_closed_forms(seed: int) -> None:
 
 def _problem(V: int, T: int, seed: int, scale: float = 0.8):
     g = torch.Generator().manual_seed(seed)
-    space = seq.SequenceSpace(vocab_size=V, length=T)
+    space = ex.SequenceSpace(vocab_size=V, length=T)
     ref_logits = 1.5 * torch.randn(space.n_prefixes, V, generator=g, dtype=F64)
     theta = ref_logits + scale * torch.randn(space.n_prefixes, V, generator=g, dtype=F64)
     scores = torch.randn(space.n_sequences, generator=g, dtype=F64)
@@ -149,9 +149,9 @@ def test_loss_placement_per_token_targets(V: int, T: int, seed: int) -> None:
 def test_exact_critic_is_the_conditional_expectation() -> None:
     # with no penalty the critic at the empty prefix is E[s], so A_0 = s - E[s] with lam = 1 ...
     space, theta, ref, scores = _problem(2, 2, 0)
-    from kltutorial.placement import _exact_values
+    from kltutorial.exact.placement import _exact_values
 
-    p = seq.sequence_logprobs(space, torch.log_softmax(theta, -1)).exp()
+    p = ex.sequence_logprobs(space, torch.log_softmax(theta, -1)).exp()
     values = _exact_values(space, p, scores[:, None].expand(-1, 2))
     assert torch.allclose(values[:, 0], (p * scores).sum().expand(4))
     # ... and after the first token, the mean over the second
@@ -166,7 +166,7 @@ def test_reward_placement_on_samples_converges_to_the_exact_gradient() -> None:
     space, theta, ref, scores = _problem(2, 3, 4)
     gen = torch.Generator().manual_seed(0)
     table = torch.log_softmax(theta, -1)
-    idx = seq.sample_autoregressive(space, table, 200_000, gen)  # (N,) sequence indices
+    idx = ex.sample_autoregressive(space, table, 200_000, gen)  # (N,) sequence indices
     th = theta.clone().requires_grad_(True)
     per_tok = torch.log_softmax(th, -1)[space.prefix_ids[idx], space.sequences[idx]]  # (N, T)
     ref_tok = ref[space.prefix_ids[idx], space.sequences[idx]]

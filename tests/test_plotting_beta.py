@@ -9,9 +9,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from kltutorial.beta_scale import summarize_sweep  # noqa: E402
 from kltutorial.plotting.beta import plot_beta_sweep  # noqa: E402
 from kltutorial.plotting.style import FIG_WIDTH  # noqa: E402
+from kltutorial.studies.beta_scale import summarize_sweep  # noqa: E402
 
 
 def _sweep():

@@ -6,10 +6,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from kltutorial.control_study import StepMetrics, measure_step, simulate_step_response
 from kltutorial.controllers import AdaptiveKLController, DoublingKLController
 from kltutorial.plotting.control_study import plot_gain_sweep, plot_rules_on_plant, plot_step_response
-from kltutorial.simulate import simulate_training_with_controller
+from kltutorial.studies.control import StepMetrics, measure_step, simulate_step_response
+from kltutorial.studies.dynamics import simulate_training_with_controller
 
 
 @pytest.fixture(autouse=True)

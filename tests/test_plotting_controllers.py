@@ -16,7 +16,7 @@ from kltutorial.controllers import (
     FixedKLController,
 )
 from kltutorial.plotting import ControlTrace
-from kltutorial.simulate import simulate_training_with_controller
+from kltutorial.studies.dynamics import simulate_training_with_controller
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from kltutorial.diagnostics import detect_spikes
+from kltutorial.monitoring import detect_spikes
 from kltutorial.plotting import diagnostics as pd
 from kltutorial.plotting.style import FIG_WIDTH
 

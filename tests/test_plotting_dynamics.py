@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from kltutorial import plotting
-from kltutorial.patterns import illustrative_token_kl_patterns
-from kltutorial.simulate import simulate_training_trajectory
+from kltutorial.studies.dynamics import illustrative_token_kl_patterns, simulate_training_trajectory
 
 
 @pytest.fixture(autouse=True)

@@ -9,9 +9,9 @@ import pytest
 import torch
 from matplotlib.patches import Polygon, Rectangle
 
-from kltutorial.estimation import estimator_samples, sample_gaussian_pair
+from kltutorial.exact.estimates import monte_carlo_convergence
 from kltutorial.plotting.estimation import plot_estimator_distributions, plot_kl_convergence
-from kltutorial.sequences.estimates import monte_carlo_convergence
+from kltutorial.studies.estimation import estimator_samples, sample_gaussian_pair
 
 
 @pytest.fixture(autouse=True)

@@ -147,7 +147,7 @@ def test_training_paths():
 
 
 def test_gao_fits():
-    from kltutorial.scaling_fit import fit_gao, gao_gain
+    from kltutorial.studies.scaling_fit import fit_gao, gao_gain
 
     kl = np.linspace(0.0, 4.0, 9)
     gain = gao_gain(kl, 3.0, 1.0, "bon")

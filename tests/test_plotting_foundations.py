@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from kltutorial import divergences as dv
+from kltutorial import exact as ex
 from kltutorial.plotting import FIG_WIDTH
 from kltutorial.plotting import foundations as figs
 
@@ -73,9 +73,9 @@ def test_grouped_bars() -> None:
 
 
 def test_forward_reverse_fits() -> None:
-    p = dv.GaussianMixture((0.5, 0.5), (-2.0, 2.0), (0.5, 0.5))
-    forward = dv.Gaussian(0.0, 2.0)
-    reverse = {"left": dv.Gaussian(-2.0, 0.5), "right": dv.Gaussian(2.0, 0.5)}
+    p = ex.GaussianMixture((0.5, 0.5), (-2.0, 2.0), (0.5, 0.5))
+    forward = ex.Gaussian(0.0, 2.0)
+    reverse = {"left": ex.Gaussian(-2.0, 0.5), "right": ex.Gaussian(2.0, 0.5)}
     x = np.linspace(-5, 5, 101)
     means = np.linspace(-4, 4, 9)
     fwd_kl, rev_kl = 1.0 + 0.1 * means**2, 1.0 + (np.abs(means) - 2) ** 2

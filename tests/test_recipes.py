@@ -1,5 +1,5 @@
 """Tests of the recipes (kltutorial.toyrlhf.recipes) and of the per-token fixed points they stop at
-(kltutorial.sequences.fixed_points): every fixed point against the recipe's exact expected gradient, exact
+(kltutorial.exact.fixed_points): every fixed point against the recipe's exact expected gradient, exact
 gradient ascent that reaches it on a small space, the KL's importance weight in later epochs, bad input, and
 short real runs."""
 
@@ -10,10 +10,10 @@ import dataclasses
 import pytest
 import torch
 
-from kltutorial import sequences as seq
+from kltutorial import exact as ex
 from kltutorial import toyrlhf as toy
 from kltutorial.estimators import kl_estimate
-from kltutorial.sequences.fixed_points import per_token_fixed_point
+from kltutorial.exact.fixed_points import per_token_fixed_point
 from kltutorial.toyrlhf import recipes as R
 from kltutorial.toyrlhf.policy import TablePolicy, prefix_rows
 from kltutorial.toyrlhf.recipes.common import Batch
@@ -34,7 +34,7 @@ def task(toy_task) -> toy.ToyTask:
 def _small(seed: int = 0, V: int = 3, T: int = 3):
     """A random reference table and scores on a space of V**T sequences."""
     gen = torch.Generator().manual_seed(seed)
-    space = seq.SequenceSpace(vocab_size=V, length=T)
+    space = ex.SequenceSpace(vocab_size=V, length=T)
     ref = torch.log_softmax(torch.randn(space.n_prefixes, V, generator=gen, dtype=torch.float64), -1)
     scores = torch.randn(space.n_sequences, generator=gen, dtype=torch.float64)
     return space, ref, scores
@@ -78,7 +78,7 @@ def test_forward_fixed_point_satisfies_its_equation_at_every_prefix(seed: int) -
 
 
 def test_fixed_points_of_one_token_are_the_closed_forms() -> None:
-    space = seq.SequenceSpace(vocab_size=2, length=1)
+    space = ex.SequenceSpace(vocab_size=2, length=1)
     ref = torch.tensor([[0.5, 0.5]], dtype=torch.float64).log()
     s = torch.tensor([0.0, 1.0], dtype=torch.float64)
     reverse = per_token_fixed_point(space, ref, s, 1.0, "reverse").exp()[0]
@@ -106,8 +106,8 @@ def test_exact_gradient_descent_reaches_the_fixed_point_on_a_small_space(recipe:
     logits = ref.clone()
     for _ in range(3000):
         logits -= 2.0 * R.expected_gradient(space, ref, scores, logits, recipe, beta, group_size=group_size)
-    reached = seq.sequence_logprobs(space, torch.log_softmax(logits, -1))
-    kl = seq.sequence_kl(reached, seq.sequence_logprobs(space, target))
+    reached = ex.sequence_logprobs(space, torch.log_softmax(logits, -1))
+    kl = ex.sequence_kl(reached, ex.sequence_logprobs(space, target))
     assert kl < 1e-10, kl
 
 
@@ -123,7 +123,7 @@ def test_grpo_fixed_point_is_self_consistent(task) -> None:
     g, beta = 16, 0.3
     fp = R.fixed_point_table(task.space, task.ref_table, task.proxy_reward, "grpo-k3-loss", beta,
                              group_size=g)
-    curve = R.group_advantage_curve(task.proxy_reward, seq.sequence_logprobs(task.space, fp), g)
+    curve = R.group_advantage_curve(task.proxy_reward, ex.sequence_logprobs(task.space, fp), g)
     again = per_token_fixed_point(task.space, task.ref_table, curve, beta, "forward")
     assert torch.allclose(fp, again, atol=1e-10)
 
@@ -145,7 +145,7 @@ def test_group_advantage_curve_tends_to_the_standardised_score() -> None:
 
 def test_k1_reward_fixed_point_is_the_optimum(task) -> None:
     logp = R.recipe_fixed_point(task, "ppo-k1-reward", 0.3)
-    assert torch.allclose(logp, seq.optimal_policy(task.ref_logprobs, task.proxy_reward, 0.3))
+    assert torch.allclose(logp, ex.optimal_policy(task.ref_logprobs, task.proxy_reward, 0.3))
 
 
 @pytest.mark.parametrize(
@@ -194,7 +194,7 @@ def _batch_under(policy_table: torch.Tensor, old_table: torch.Tensor, ref_table:
 def test_kl_weight_in_a_later_epoch(weight: str) -> None:
     """On samples of pi_old: "ratio" (not detached) gives the gradient of E_{pi_theta}[k3], the per-token
     reverse KL's, at every pi_theta; "none" gives, at pi_theta = pi_old, the forward KL's, pi - pi_ref."""
-    space = seq.SequenceSpace(vocab_size=4, length=1)
+    space = ex.SequenceSpace(vocab_size=4, length=1)
     gen = torch.Generator().manual_seed(0)
     ref = torch.log_softmax(torch.randn(1, 4, generator=gen, dtype=torch.float64), -1)
     old = torch.log_softmax(torch.randn(1, 4, generator=gen, dtype=torch.float64), -1)
@@ -236,10 +236,10 @@ def test_reinforce_recipe_is_todays_trainer_unchanged(task) -> None:
 def test_rloo_lands_on_the_optimum(task) -> None:
     run = R.train_recipe(task, "rloo-k1-reward", toy.TrainConfig(beta=0.3),
                          generator=torch.Generator().manual_seed(0))
-    kl = seq.sequence_kl(run.logprobs, R.recipe_fixed_point(task, "rloo-k1-reward", 0.3))
+    kl = ex.sequence_kl(run.logprobs, R.recipe_fixed_point(task, "rloo-k1-reward", 0.3))
     assert kl <= 0.02, kl
     assert run.group_size == 4 and run.steps[-1] == 400
-    assert run.kl[-1] == pytest.approx(seq.sequence_kl(run.logprobs, task.ref_logprobs))
+    assert run.kl[-1] == pytest.approx(ex.sequence_kl(run.logprobs, task.ref_logprobs))
 
 
 @pytest.mark.parametrize(
@@ -249,8 +249,8 @@ def test_a_short_run_moves_towards_its_fixed_point(recipe: str, task) -> None:
     config = toy.TrainConfig(beta=0.3, steps=40, batch_size=512)
     run = R.train_recipe(task, recipe, config, generator=torch.Generator().manual_seed(0))
     target = R.recipe_fixed_point(task, recipe, 0.3, group_size=run.group_size)
-    before = seq.sequence_kl(task.ref_logprobs, target)
-    assert seq.sequence_kl(run.logprobs, target) < 0.5 * before
+    before = ex.sequence_kl(task.ref_logprobs, target)
+    assert ex.sequence_kl(run.logprobs, target) < 0.5 * before
 
 
 def test_same_generator_same_run(task) -> None:
@@ -322,7 +322,7 @@ def test_a_prebuilt_network_is_the_reference_of_its_run(task) -> None:
 
     net = TransformerPolicy(task.space, width=16, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        start = seq.sequence_logprobs(task.space, net.table())
+        start = ex.sequence_logprobs(task.space, net.table())
     run = R.train_recipe(task, "dr-grpo-k3-loss", toy.TrainConfig(beta=0.3, steps=2, batch_size=64, lr=1e-3),
                          generator=torch.Generator().manual_seed(0), policy=net)
     assert torch.allclose(run.task.ref_logprobs, start)  # KL and fixed points are taken against it

@@ -1,4 +1,4 @@
-"""Tests of kltutorial.scaling_fit: Gao et al.'s best-of-n and RL forms and their least-squares fit.
+"""Tests of kltutorial.studies.scaling_fit: Gao et al.'s best-of-n and RL forms and their least-squares fit.
 
 Closed forms (R at hand-picked d, the peak of each form), exact recovery of known coefficients from points
 that follow a form, the normal equations of least squares on noisy points, and a table of bad inputs.
@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from kltutorial.scaling_fit import FORMS, GaoFit, fit_gao, gao_gain
+from kltutorial.studies.scaling_fit import FORMS, GaoFit, fit_gao, gao_gain
 
 
 def test_gain_closed_forms() -> None:

@@ -1,4 +1,4 @@
-"""Tests of kltutorial.sequences.estimates (book sections 3 and 4): exact moments by enumeration against hand
+"""Tests of kltutorial.exact.estimates (book sections 3 and 4): exact moments by enumeration against hand
 computations, the unbiasedness of the sampled-token and per-prefix estimators on random models, the
 per-position Rao–Blackwell inequality and the case where the sum does not obey it, the running means, and a
 table of bad inputs."""
@@ -11,20 +11,20 @@ import numpy as np
 import pytest
 import torch
 
-from kltutorial import sequences as seq
-from kltutorial.sequences import estimates as est
+from kltutorial import exact as ex
+from kltutorial.exact import estimates as est
 
 F64 = torch.float64
 
 
-def _random_table(space: seq.SequenceSpace, seed: int, scale: float = 1.5) -> torch.Tensor:
+def _random_table(space: ex.SequenceSpace, seed: int, scale: float = 1.5) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     logits = scale * torch.randn(space.n_prefixes, space.vocab_size, generator=g, dtype=F64)
     return torch.log_softmax(logits, dim=-1)
 
 
-def _pair(V: int, T: int, seed: int) -> tuple[seq.SequenceSpace, torch.Tensor, torch.Tensor]:
-    space = seq.SequenceSpace(V, T)
+def _pair(V: int, T: int, seed: int) -> tuple[ex.SequenceSpace, torch.Tensor, torch.Tensor]:
+    space = ex.SequenceSpace(V, T)
     ref = _random_table(space, seed)
     pi = torch.log_softmax(ref + _random_table(space, seed + 100, scale=0.8), dim=-1)
     return space, pi, ref
@@ -53,7 +53,7 @@ def test_k1_and_k3_are_unbiased_and_k2_has_its_closed_form_bias(seed: int) -> No
     g = torch.Generator().manual_seed(seed)
     p = torch.log_softmax(torch.randn(20, generator=g, dtype=F64), 0)
     q = torch.log_softmax(torch.randn(20, generator=g, dtype=F64), 0)
-    kl = seq.sequence_kl(p, q)
+    kl = ex.sequence_kl(p, q)
     d = p - q
     for name in ("k1", "k3"):
         m = est.estimator_moments(p, q, name)
@@ -81,8 +81,8 @@ def test_outcomes_impossible_under_the_policy_count_for_nothing() -> None:
 @pytest.mark.parametrize(("V", "T", "seed"), [(2, 4, 0), (3, 3, 1), (4, 2, 2), (3, 4, 3)])
 def test_sampled_token_and_per_prefix_estimators_are_unbiased(V: int, T: int, seed: int) -> None:
     space, pi, ref = _pair(V, T, seed)
-    lp, lq = seq.sequence_logprobs(space, pi), seq.sequence_logprobs(space, ref)
-    kl = seq.sequence_kl(lp, lq)
+    lp, lq = ex.sequence_logprobs(space, pi), ex.sequence_logprobs(space, ref)
+    kl = ex.sequence_kl(lp, lq)
     every = torch.arange(space.n_sequences)
     k1 = est.sampled_token_kl(space, pi, ref, every)
     assert torch.allclose(k1, lp - lq, rtol=0, atol=1e-13)  # the per-token log-ratios telescope
@@ -111,7 +111,7 @@ def test_per_prefix_estimator_by_hand() -> None:
 def test_each_position_is_rao_blackwellised(V: int, T: int, seed: int) -> None:
     """Position by position, the prefix's exact KL varies no more than the sampled token's log-ratio."""
     space, pi, ref = _pair(V, T, seed)
-    lp = seq.sequence_logprobs(space, pi)
+    lp = ex.sequence_logprobs(space, pi)
     rows, toks = space.prefix_ids, space.sequences
     delta = pi[rows, toks] - ref[rows, toks]  # (V**T, T)
     cond = (pi.exp() * (pi - ref)).sum(-1)[rows]  # (V**T, T): E[Δ_t | y_<t]
@@ -129,10 +129,10 @@ def test_each_position_is_rao_blackwellised(V: int, T: int, seed: int) -> None:
 def test_the_sum_of_conditional_means_can_vary_more() -> None:
     """Two tokens: the first token's log-ratio cancels the KL it leads to, so log pi(y) - log ref(y) is the
     same for every sequence, while the exact KL along the prefix is not."""
-    space = seq.SequenceSpace(2, 2)
+    space = ex.SequenceSpace(2, 2)
     pi = torch.tensor([[0.5, 0.5], [0.5, 0.5], [1.0, 0.0]], dtype=F64).log()
     ref = torch.tensor([[0.25, 0.75], [0.5, 0.5], [1 / 3, 2 / 3]], dtype=F64).log()
-    lp = seq.sequence_logprobs(space, pi)
+    lp = ex.sequence_logprobs(space, pi)
     drawn = torch.tensor([0, 1, 2])  # sequence 3 (1, 1) has probability 0
     k1 = est.sampled_token_kl(space, pi, ref, drawn)
     rb = est.rao_blackwell_kl(space, pi, ref, drawn)
@@ -145,8 +145,8 @@ def test_the_sum_of_conditional_means_can_vary_more() -> None:
 
 def test_sampled_estimates_converge_to_the_exact_kl() -> None:
     space, pi, ref = _pair(3, 3, 4)
-    kl = seq.sequence_kl(seq.sequence_logprobs(space, pi), seq.sequence_logprobs(space, ref))
-    idx = seq.sample_autoregressive(space, pi, 100_000, torch.Generator().manual_seed(0))
+    kl = ex.sequence_kl(ex.sequence_logprobs(space, pi), ex.sequence_logprobs(space, ref))
+    idx = ex.sample_autoregressive(space, pi, 100_000, torch.Generator().manual_seed(0))
     for values in (est.sampled_token_kl(space, pi, ref, idx), est.rao_blackwell_kl(space, pi, ref, idx)):
         se = float(values.std()) / math.sqrt(values.numel())
         assert abs(float(values.mean()) - kl) < 4 * se

@@ -1,4 +1,4 @@
-"""Tests of kltutorial.sequences.penalised (book section 5): the KL-penalised objective on a listed space
+"""Tests of kltutorial.exact.penalised (book section 5): the KL-penalised objective on a listed space
 against closed forms (the Gibbs identity, beta log Z, the frontier's slope beta) and properties (the optimum
 beats every perturbation, quadratically; the baseline leaves the expected gradient unchanged)."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from kltutorial import sequences as seq
-from kltutorial.sequences import penalised as pen
+from kltutorial import exact as ex
+from kltutorial.exact import penalised as pen
 
 F64 = torch.float64
 
@@ -22,31 +22,31 @@ def _problem(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ref, torch.randn(n, generator=g, dtype=F64)
 
 
-def _space_problem(seed: int) -> tuple[seq.SequenceSpace, torch.Tensor, torch.Tensor, torch.Tensor]:
-    space = seq.SequenceSpace(vocab_size=3, length=3)
+def _space_problem(seed: int) -> tuple[ex.SequenceSpace, torch.Tensor, torch.Tensor, torch.Tensor]:
+    space = ex.SequenceSpace(vocab_size=3, length=3)
     g = torch.Generator().manual_seed(seed)
     ref = torch.log_softmax(torch.randn(space.n_prefixes, 3, generator=g, dtype=F64), -1)
     logits = torch.randn(space.n_prefixes, 3, generator=g, dtype=F64)
     reward = torch.randn(space.n_sequences, generator=g, dtype=F64)
-    return space, logits, seq.sequence_logprobs(space, ref), reward
+    return space, logits, ex.sequence_logprobs(space, ref), reward
 
 
 @pytest.mark.parametrize("beta", [0.05, 0.3, 1.0, 7.0])
 def test_gibbs_identity_and_maximum(beta: float) -> None:
     ref, r = _problem(40, 0)
-    best = seq.optimal_policy(ref, r, beta)
+    best = ex.optimal_policy(ref, r, beta)
     assert pen.penalised_objective(best, ref, r, beta) == pytest.approx(pen.optimal_value(ref, r, beta),
                                                                         abs=1e-12)
     for seed in range(5):  # J(pi) = beta log Z - beta KL(pi || pi*)
         logp = _problem(40, 100 + seed)[0]
         j = pen.penalised_objective(logp, ref, r, beta)
-        expected = pen.optimal_value(ref, r, beta) - beta * seq.sequence_kl(logp, best)
+        expected = pen.optimal_value(ref, r, beta) - beta * ex.sequence_kl(logp, best)
         assert j == pytest.approx(expected, abs=1e-12)
 
 
 def test_optimal_value_bounds_and_limits() -> None:
     ref, r = _problem(30, 1)
-    mean = seq.expected_reward(ref, r)
+    mean = ex.expected_reward(ref, r)
     values = [pen.optimal_value(ref, r, b) for b in (100.0, 1.0, 0.01)]
     assert mean <= values[0] <= values[1] <= values[2] <= float(r.max())  # decreasing in beta
     assert values[0] == pytest.approx(mean, abs=0.02)  # beta -> inf: E_ref r
@@ -58,10 +58,10 @@ def test_optimal_value_bounds_and_limits() -> None:
 def test_frontier_slope_is_beta_and_matches_variance_formula(beta: float) -> None:
     ref, r = _problem(50, 2)
     assert pen.frontier_slope(ref, r, beta) == pytest.approx(beta, rel=1e-5)
-    p = seq.optimal_policy(ref, r, beta).exp()
+    p = ex.optimal_policy(ref, r, beta).exp()
     var = float((p * r**2).sum() - (p * r).sum() ** 2)
     h = 1e-4
-    f = seq.optimal_frontier(ref, r, [beta * (1 + h), beta * (1 - h)])
+    f = ex.optimal_frontier(ref, r, [beta * (1 + h), beta * (1 - h)])
     assert (f.reward[0] - f.reward[1]) / (2 * h * beta) == pytest.approx(-var / beta**2, rel=1e-6)
     assert (f.kl[0] - f.kl[1]) / (2 * h * beta) == pytest.approx(-var / beta**3, rel=1e-6)
 
@@ -70,15 +70,15 @@ def test_frontier_slope_is_beta_and_matches_variance_formula(beta: float) -> Non
 def test_beta_for_budget_spends_the_budget_and_wins_under_it(budget: float) -> None:
     ref, r = _problem(50, 3)
     beta = pen.beta_for_budget(ref, r, budget)
-    best = seq.optimal_policy(ref, r, beta)
-    assert seq.sequence_kl(best, ref) == pytest.approx(budget, rel=1e-6)
-    top = seq.expected_reward(best, r)
+    best = ex.optimal_policy(ref, r, beta)
+    assert ex.sequence_kl(best, ref) == pytest.approx(budget, rel=1e-6)
+    top = ex.expected_reward(best, r)
     g = torch.Generator().manual_seed(0)
     for _ in range(200):  # random policies inside the budget never do better
         logits = best + 0.3 * torch.randn(50, generator=g, dtype=F64)
         logp = logits - torch.logsumexp(logits, 0)
-        if seq.sequence_kl(logp, ref) <= budget:
-            assert seq.expected_reward(logp, r) <= top + 1e-12
+        if ex.sequence_kl(logp, ref) <= budget:
+            assert ex.expected_reward(logp, r) <= top + 1e-12
 
 
 def test_beta_for_budget_two_point_closed_form() -> None:
@@ -101,10 +101,10 @@ def test_perturbations_all_lose_quadratically(beta: float) -> None:
     # the gap is beta KL(perturbed || pi*): redo one direction by hand
     g = torch.Generator().manual_seed(1)
     xi = torch.randn(50, 200, generator=g, dtype=F64)[0]  # the first of the 50 directions
-    best = seq.optimal_policy(ref, r, beta)
+    best = ex.optimal_policy(ref, r, beta)
     logits = best + 0.01 * xi
     logp = logits - torch.logsumexp(logits, 0)
-    assert check.gaps[1, 0] == pytest.approx(beta * seq.sequence_kl(logp, best), rel=1e-8)
+    assert check.gaps[1, 0] == pytest.approx(beta * ex.sequence_kl(logp, best), rel=1e-8)
 
 
 def test_perturbation_check_is_reproducible() -> None:
@@ -122,7 +122,7 @@ def test_policy_gradient_ignores_baseline_and_equals_autograd(baseline: float) -
     gb = pen.policy_gradient(space, logits, ref, r, beta, baseline=baseline)
     torch.testing.assert_close(gb, g0, rtol=0, atol=1e-12)
     z = logits.clone().requires_grad_(True)
-    logp = seq.sequence_logprobs(space, torch.log_softmax(z, -1))
+    logp = ex.sequence_logprobs(space, torch.log_softmax(z, -1))
     p = logp.exp()
     j = (p * r).sum() - beta * (p * (logp - ref)).sum()  # J(pi_z), differentiated directly
     (direct,) = torch.autograd.grad(j, z)
@@ -131,8 +131,8 @@ def test_policy_gradient_ignores_baseline_and_equals_autograd(baseline: float) -
 
 def test_policy_gradient_vanishes_at_the_optimum() -> None:
     space, _, ref, r = _space_problem(7)
-    best = seq.optimal_policy(ref, r, 0.5)
-    table = seq.next_token_logprobs(space, best)  # pi* is autoregressive: its table is its logits
+    best = ex.optimal_policy(ref, r, 0.5)
+    table = ex.next_token_logprobs(space, best)  # pi* is autoregressive: its table is its logits
     g = pen.policy_gradient(space, table, ref, r, 0.5, baseline=3.0)
     assert float(g.abs().max()) < 1e-10
 

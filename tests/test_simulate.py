@@ -1,5 +1,5 @@
-"""Tests of kltutorial.simulate: the §10 models against hand-computed steps, closed forms and
-per-seed runs of the same functions (the model is written once, in kltutorial.simulate)."""
+"""Tests of kltutorial.studies.dynamics: the §10 models against hand-computed steps, closed forms and
+per-seed runs of the same functions (the model is written once, in kltutorial.studies.dynamics)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from kltutorial.controllers import (
     ExponentialKLController,
     FixedKLController,
 )
-from kltutorial.simulate import (
+from kltutorial.studies.dynamics import (
     TrainingNoise,
     controlled_reward,
     controlled_step,

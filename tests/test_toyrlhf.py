@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from kltutorial import AdaptiveKLController
-from kltutorial import sequences as seq
+from kltutorial import exact as ex
 from kltutorial import toyrlhf as toy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def test_config_validation_names_the_field_and_the_fix(make, exc: type[Exception
 
 
 def test_task_enumerates_every_sequence_once(task: toy.ToyTask) -> None:
-    assert task.space == seq.SequenceSpace(8, 5) and task.space.n_sequences == 32768
+    assert task.space == ex.SequenceSpace(8, 5) and task.space.n_sequences == 32768
     assert task.space.sequences.shape == (32768, toy.LENGTH)
     for name in ("ref_logprobs", "gold_reward", "proxy_reward", "bang_count"):
         assert getattr(task, name).shape == (32768,)
@@ -121,7 +121,7 @@ def test_reference_is_the_markov_chain(task: toy.ToyTask) -> None:
         )
         assert abs(float(logp - task.ref_logprobs[i])) < 1e-12
     # The table is the chain: the next-token table of the distribution over sequences is ref_table.
-    back = seq.next_token_logprobs(task.space, task.ref_logprobs)
+    back = ex.next_token_logprobs(task.space, task.ref_logprobs)
     torch.testing.assert_close(back, task.ref_table, rtol=0, atol=1e-10)
 
 
@@ -191,23 +191,23 @@ def test_config_fields_reach_the_task() -> None:
 
 def test_optimum_of_the_task_closed_form(task: toy.ToyTask) -> None:
     for beta in (0.1, 0.5, 2.0):
-        logp = seq.optimal_policy(task.ref_logprobs, task.proxy_reward, beta)
-        kl = seq.sequence_kl(logp, task.ref_logprobs)
-        reward = seq.expected_reward(logp, task.proxy_reward)
+        logp = ex.optimal_policy(task.ref_logprobs, task.proxy_reward, beta)
+        kl = ex.sequence_kl(logp, task.ref_logprobs)
+        reward = ex.expected_reward(logp, task.proxy_reward)
         log_z = float(torch.logsumexp(task.ref_logprobs + task.proxy_reward / beta, 0))
         assert kl == pytest.approx(reward / beta - log_z, abs=1e-9)  # KL(pi* || pi_ref) = E*[r]/beta - log Z
         j_opt = reward - beta * kl
-        for other in (task.ref_logprobs, seq.optimal_policy(task.ref_logprobs, task.proxy_reward, 2 * beta)):
-            j = seq.expected_reward(other, task.proxy_reward)
-            assert j - beta * seq.sequence_kl(other, task.ref_logprobs) < j_opt
+        for other in (task.ref_logprobs, ex.optimal_policy(task.ref_logprobs, task.proxy_reward, 2 * beta)):
+            j = ex.expected_reward(other, task.proxy_reward)
+            assert j - beta * ex.sequence_kl(other, task.ref_logprobs) < j_opt
 
 
 def test_frontier_of_the_task(task: toy.ToyTask) -> None:
     betas = [2.0, 1.0, 0.5, 0.2, 0.1]
     f = toy.exact_frontier(task, betas)
     assert np.all(np.diff(f.kl) > 0) and np.all(np.diff(f.proxy) > 0) and f.reward == "proxy"
-    opt = seq.optimal_policy(task.ref_logprobs, task.proxy_reward, 0.2)
-    assert f.gold[3] == pytest.approx(seq.expected_reward(opt, task.gold_reward), abs=1e-12)
+    opt = ex.optimal_policy(task.ref_logprobs, task.proxy_reward, 0.2)
+    assert f.gold[3] == pytest.approx(ex.expected_reward(opt, task.gold_reward), abs=1e-12)
     assert f.multi_bang[3] == pytest.approx(toy.bang_count_distribution(task, opt)[2:].sum(), abs=1e-12)
     gold = toy.exact_frontier(task, betas, reward="gold")  # optimising the gold reward itself
     assert np.all(np.diff(gold.gold) > 0) and np.all(gold.gold > f.gold)
@@ -218,19 +218,19 @@ def test_best_of_n_on_the_tied_proxy(task: toy.ToyTask, n: int) -> None:
     """The proxy is linear in token counts, so many sequences tie: the exact KL stays below the formula,
     and far below it once n is large enough for the best reward value to be drawn more than once."""
     assert torch.unique(task.proxy_reward).shape[0] < task.space.n_sequences / 10
-    logp = seq.best_of_n_logprobs(task.ref_logprobs, task.proxy_reward, n)
-    kl = seq.sequence_kl(logp, task.ref_logprobs)
-    assert kl <= seq.best_of_n_kl_bound(n) + 1e-9
+    logp = ex.best_of_n_logprobs(task.ref_logprobs, task.proxy_reward, n)
+    kl = ex.sequence_kl(logp, task.ref_logprobs)
+    assert kl <= ex.best_of_n_kl_bound(n) + 1e-9
     if n == 4096:
-        assert kl < seq.best_of_n_kl_bound(n) - 0.05
+        assert kl < ex.best_of_n_kl_bound(n) - 0.05
 
 
 def test_per_position_kl_of_the_optimum(task: toy.ToyTask) -> None:
-    logp = seq.optimal_policy(task.ref_logprobs, task.proxy_reward, 0.2)
-    table = seq.next_token_logprobs(task.space, logp)
-    per_pos = seq.per_position_kl(task.space, table, task.ref_table)
+    logp = ex.optimal_policy(task.ref_logprobs, task.proxy_reward, 0.2)
+    table = ex.next_token_logprobs(task.space, logp)
+    per_pos = ex.per_position_kl(task.space, table, task.ref_table)
     assert per_pos.shape == (toy.LENGTH,) and torch.all(per_pos > 0)
-    assert float(per_pos.sum()) == pytest.approx(seq.sequence_kl(logp, task.ref_logprobs), abs=1e-9)
+    assert float(per_pos.sum()) == pytest.approx(ex.sequence_kl(logp, task.ref_logprobs), abs=1e-9)
 
 
 # --- training -------------------------------------------------------------------------------
@@ -239,13 +239,13 @@ def test_per_position_kl_of_the_optimum(task: toy.ToyTask) -> None:
 def test_trained_policy_reaches_the_exact_optimum(task: toy.ToyTask) -> None:
     beta = 0.5
     run = toy.train_policy(task, toy.TrainConfig(beta=beta, steps=150, batch_size=1024), generator=_gen())
-    optimum = seq.optimal_policy(task.ref_logprobs, task.proxy_reward, beta)
-    assert seq.sequence_kl(run.logprobs, optimum) <= 0.05
-    assert seq.sequence_kl(run.logprobs, optimum) < 0.1 * seq.sequence_kl(task.ref_logprobs, optimum)
+    optimum = ex.optimal_policy(task.ref_logprobs, task.proxy_reward, beta)
+    assert ex.sequence_kl(run.logprobs, optimum) <= 0.05
+    assert ex.sequence_kl(run.logprobs, optimum) < 0.1 * ex.sequence_kl(task.ref_logprobs, optimum)
     assert run.kl.shape == run.proxy.shape == run.gold.shape == run.kl_sampled.shape == (150,)
     assert run.beta.shape == (151,) and np.all(run.beta == beta)
     assert run.kl[0] == pytest.approx(0.0, abs=1e-12)  # step 0 samples from pi_ref
-    assert run.proxy[0] == pytest.approx(seq.expected_reward(task.ref_logprobs, task.proxy_reward), abs=1e-12)
+    assert run.proxy[0] == pytest.approx(ex.expected_reward(task.ref_logprobs, task.proxy_reward), abs=1e-12)
     assert abs(float(run.logprobs.exp().sum()) - 1.0) < 1e-9
     # The sampled KL the controller sees tracks the exact KL.
     assert abs(run.kl_sampled[-20:].mean() - run.kl[-20:].mean()) < 0.1
@@ -355,7 +355,7 @@ def test_command_line_reports_bad_values_as_usage_errors(
 def test_command_line_trains_a_recipe_against_its_own_fixed_point(capsys: pytest.CaptureFixture[str]) -> None:
     rows = toy.main(["--recipe", "dr-grpo-k2-loss", "--steps", "40", "--batch-size", "512", "--betas", "0.3"])
     fixed = toy.recipe_fixed_point(_task(), "dr-grpo-k2-loss", 0.3)
-    start = seq.sequence_kl(_task().ref_logprobs, fixed)
+    start = ex.sequence_kl(_task().ref_logprobs, fixed)
     assert rows[0]["recipe"] == "dr-grpo-k2-loss" and rows[0]["kl_to_fixed"] < 0.5 * start
     out = capsys.readouterr().out
     assert "recipe dr-grpo-k2-loss" in out and "KL(pi||fixed)" in out

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from kltutorial import sequences as seq
+from kltutorial import exact as ex
 from kltutorial import toyrlhf as toy
 from kltutorial.toyrlhf.transformer import TransformerPolicy, distill, fit_reference, sequence_logprobs_of
 
@@ -34,7 +34,7 @@ def fitted(task: toy.ToyTask) -> tuple[TransformerPolicy, float]:
     return policy, fit_reference(policy, task.ref_table, tol=1e-3)
 
 
-def _perturbed(space: seq.SequenceSpace, seed: int = 0) -> TransformerPolicy:
+def _perturbed(space: ex.SequenceSpace, seed: int = 0) -> TransformerPolicy:
     """A network far from its initialisation (weights moved by 0.3 x N(0, 1)): attention not uniform."""
     policy = TransformerPolicy(space, generator=_gen(seed))
     g = _gen(seed + 1000)
@@ -44,7 +44,7 @@ def _perturbed(space: seq.SequenceSpace, seed: int = 0) -> TransformerPolicy:
     return policy
 
 
-def _random_sequences(space: seq.SequenceSpace, n: int, seed: int = 0) -> torch.Tensor:
+def _random_sequences(space: ex.SequenceSpace, n: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(space.vocab_size, (n, space.length), generator=_gen(seed))
 
 
@@ -165,7 +165,7 @@ def test_bad_sequences_raise(task: toy.ToyTask) -> None:
 def test_fit_reference_reaches_the_tolerance(task: toy.ToyTask, fitted) -> None:
     policy, kl = fitted
     assert 0 <= kl <= 1e-3
-    assert kl == pytest.approx(seq.sequence_kl(task.ref_logprobs, sequence_logprobs_of(policy)), abs=1e-12)
+    assert kl == pytest.approx(ex.sequence_kl(task.ref_logprobs, sequence_logprobs_of(policy)), abs=1e-12)
     # the network is now close to the reference chain at every prefix that carries mass
     gap = (policy.table().detach().exp() - task.ref_table.exp()).abs()
     assert gap[: 1 + 8].max() < 0.05
@@ -196,13 +196,13 @@ def test_fit_reference_and_distill_check_their_arguments(task: toy.ToyTask) -> N
 
 
 def test_distill_towards_the_optimum_lowers_the_exact_kl(task: toy.ToyTask, fitted) -> None:
-    target = seq.optimal_policy(task.ref_logprobs, task.proxy_reward, 0.3)
+    target = ex.optimal_policy(task.ref_logprobs, task.proxy_reward, 0.3)
     policy = copy.deepcopy(fitted[0])
-    before = seq.sequence_kl(sequence_logprobs_of(policy), target)
+    before = ex.sequence_kl(sequence_logprobs_of(policy), target)
     kl = distill(policy, target, steps=20, lr=1e-2)
     after = sequence_logprobs_of(policy)
-    assert kl == pytest.approx(seq.sequence_kl(after, target), abs=1e-12)
+    assert kl == pytest.approx(ex.sequence_kl(after, target), abs=1e-12)
     assert kl < 0.5 * before
     # the copy moved, the fitted network did not
-    assert seq.sequence_kl(sequence_logprobs_of(fitted[0]), target) == pytest.approx(before, abs=1e-12)
-    assert seq.sequence_kl(after, task.ref_logprobs) > 0.5  # it left the reference for the proxy's optimum
+    assert ex.sequence_kl(sequence_logprobs_of(fitted[0]), target) == pytest.approx(before, abs=1e-12)
+    assert ex.sequence_kl(after, task.ref_logprobs) > 0.5  # it left the reference for the proxy's optimum

@@ -12,8 +12,8 @@ notebook in the build (``execution_mode: inline``); in a build from stored outpu
 
 The mechanism: one syntax, ``{eval}`f"{glued.kl:.3f}"` ``, for both readers.
 
-* The notebooks glue with ``kltutorial.display.glue``, which calls ``myst_nb.glue`` and also sets
-  ``kltutorial.display.glued.kl`` (each notebook imports ``glued``). The prose reads only
+* The notebooks glue with ``kltutorial.book.glue``, which calls ``myst_nb.glue`` and also sets
+  ``kltutorial.book.glued.kl`` (each notebook imports ``glued``). The prose reads only
   ``glued.<name>``, never a variable of the code, so no glued name can shadow one.
 * In JupyterLab, jupyterlab-myst evaluates the expression in the reader's kernel.
 * In the book, the extension (``kltutorial_book_ext``) renders it without a kernel: the
@@ -48,7 +48,7 @@ from typing import Any
 GLUE_PREFIX = "application/papermill.record/"
 # MyST role syntax: {eval}`expr` or, for an expression holding a backtick, {eval}``expr``.
 EVAL_ROLE = re.compile(r"\{eval\}(`+)(.+?)\1")
-# The kernel object the notebooks glue into (kltutorial.display.glued): ``glued.kl`` is glued "kl".
+# The kernel object the notebooks glue into (kltutorial.book.glued): ``glued.kl`` is glued "kl".
 GLUED = "glued"
 SAFE_CALLS = {"round": round, "abs": abs, "int": int, "float": float, "min": min, "max": max,
               "format": format}
@@ -122,7 +122,7 @@ def names_in(expression: str) -> set[str]:
 
 
 def glued_names_in(expression: str) -> set[str]:
-    """The names read as ``glued.<name>`` (kltutorial.display.glued in the kernel)."""
+    """The names read as ``glued.<name>`` (kltutorial.book.glued in the kernel)."""
     tree = _tree(expression)
     return set() if tree is None else {
         n.attr for n in ast.walk(tree)

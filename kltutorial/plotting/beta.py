@@ -4,7 +4,7 @@
   with horizontal lines at chosen KL targets and at the largest reachable KL, (b) its expected proxy and
   gold reward, the gold peak and the reference's gold marked, and trained policies as points.
 
-It takes a :class:`~kltutorial.beta_scale.SweepSummary` and computes nothing but positions.
+It takes a :class:`~kltutorial.studies.beta_scale.SweepSummary` and computes nothing but positions.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def plot_beta_sweep(
     kl_targets : dict of str to float, optional
         Label → a KL target in nats (per-sequence sum), drawn as a horizontal line in panel (a).
     kl_limit : float, optional
-        The largest KL any β reaches (:func:`kltutorial.beta_scale.max_kl`), drawn dotted.
+        The largest KL any β reaches (:func:`kltutorial.studies.beta_scale.max_kl`), drawn dotted.
     trained : dict with ``beta``, ``kl``, ``proxy``, ``gold`` arrays, optional
         Trained policies, drawn as open markers on top of the exact curves.
     axes : array of two Axes, optional

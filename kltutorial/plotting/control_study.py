@@ -1,8 +1,8 @@
 """Figures of the closed-loop study of KL controllers (§7): step responses, the gain sweep, and
 several rules on one plant.
 
-Each function takes results of :mod:`kltutorial.control_study` (or
-:func:`kltutorial.simulate.simulate_training_with_controller`), draws on optional axes and returns
+Each function takes results of :mod:`kltutorial.studies.control` (or
+:func:`kltutorial.studies.dynamics.simulate_training_with_controller`), draws on optional axes and returns
 them. Runs over seeds are drawn as the median with a quantile band.
 """
 
@@ -16,7 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.layout_engine import ConstrainedLayoutEngine
 from matplotlib.transforms import blended_transform_factory, offset_copy
 
-from ..control_study import StepMetrics, StepResponse
+from ..studies.control import StepMetrics, StepResponse
 from .style import (
     REFERENCE_COLOR,
     ZONE_COLOR,
@@ -199,7 +199,7 @@ def plot_rules_on_plant(
     Parameters
     ----------
     results : dict name -> ControlledTraining
-        From :func:`kltutorial.simulate.simulate_training_with_controller`, one target shared; the
+        From :func:`kltutorial.studies.dynamics.simulate_training_with_controller`, one target shared; the
         first row (K = 0) is drawn.
     window : (int, int)
         The steps where the study measures the settled runs, shaded on both panels.

@@ -376,7 +376,7 @@ def plot_fixed_vs_adaptive(
     Parameters
     ----------
     results : dict name -> ControlledTraining
-        From :func:`kltutorial.simulate.simulate_training_with_controller`; each with
+        From :func:`kltutorial.studies.dynamics.simulate_training_with_controller`; each with
         ``kl``, ``beta``, ``reward``, ``penalized_reward`` of shape (K, N, n_steps + 1).
     target_kl : float, optional
         Drawn as a dashed line on the KL panel. If None, taken from the first result that

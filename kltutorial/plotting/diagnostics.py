@@ -1,9 +1,10 @@
-"""Figures of book section 12, diagnostics (:mod:`kltutorial.diagnostics`).
+"""Figures of book section 12, diagnostics (:mod:`kltutorial.monitoring`,
+:mod:`kltutorial.studies.diagnostics`).
 
 * :func:`plot_token_kl_heatmap`: per-token KL of sampled sequences, sequences by positions, each cell
   labelled with its token: the sampled k1 beside the exact KL of the next-token distributions;
 * :func:`plot_spike_log`: a logged KL series with the rolling median, the band a spike must leave and the
-  steps flagged by :func:`kltutorial.diagnostics.detect_spikes`, above the k1 - k3 gap of every step.
+  steps flagged by :func:`kltutorial.monitoring.detect_spikes`, above the k1 - k3 gap of every step.
 
 They take result objects (``TokenKLTable``, ``SpikeReport``) and plain arrays, never a model or a sampler.
 Heat maps use ``cividis``, whose lightness rises monotonically, so they read in grayscale and for
@@ -61,8 +62,8 @@ def plot_token_kl_heatmap(
     Parameters
     ----------
     table : TokenKLTable
-        From :func:`kltutorial.diagnostics.token_kl_table`: ``tokens``, ``k1``, ``kl`` of shape (B, T) and
-        their per-sequence sums ``sequence_k1``, ``sequence_kl``.
+        From :func:`kltutorial.studies.diagnostics.token_kl_table`: ``tokens``, ``k1``, ``kl`` of shape
+        (B, T) and their per-sequence sums ``sequence_k1``, ``sequence_kl``.
     vocab : sequence of str
         The text of each token id.
     axes : 2 Axes, optional
@@ -120,7 +121,7 @@ def plot_spike_log(
     Parameters
     ----------
     report : SpikeReport
-        From :func:`kltutorial.diagnostics.detect_spikes`: ``values``, ``median``, ``scale``, ``flags``,
+        From :func:`kltutorial.monitoring.detect_spikes`: ``values``, ``median``, ``scale``, ``flags``,
         ``threshold`` (arrays of shape (N,)).
     exact : ndarray, shape (N,), optional
         The exact KL at every step, drawn dashed.

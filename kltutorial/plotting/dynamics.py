@@ -1,4 +1,4 @@
-"""Figures of book section 10's invented training-dynamics models (:mod:`kltutorial.simulate`).
+"""Figures of book section 10's invented training-dynamics models (:mod:`kltutorial.studies.dynamics`).
 
 * :func:`plot_reward_vs_kl`: reward against KL over training, one trajectory per β, the region where
   the invented reward model is no longer reliable hatched;
@@ -52,7 +52,7 @@ def plot_reward_vs_kl(
     Parameters
     ----------
     result : TrainingTrajectories
-        From :func:`kltutorial.simulate.simulate_training_trajectory`: ``betas`` (K,),
+        From :func:`kltutorial.studies.dynamics.simulate_training_trajectory`: ``betas`` (K,),
         ``kl`` and ``reward`` (K, N, n_steps + 1).
     ax : Axes, optional
     band : (float, float)

@@ -5,8 +5,8 @@
 * §4 :func:`plot_estimator_distributions`: the distribution of k1, k2, k3 on the same draws, one panel
   per pair of distributions, with the exact KL and the negative half-line marked.
 
-They draw results computed elsewhere (:class:`~kltutorial.sequences.estimates.MonteCarloConvergence`,
-:class:`~kltutorial.estimation.EstimatorSamples`) and never sample.
+They draw results computed elsewhere (:class:`~kltutorial.exact.estimates.MonteCarloConvergence`,
+:class:`~kltutorial.studies.estimation.EstimatorSamples`) and never sample.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def plot_estimator_distributions(
 ) -> np.ndarray:
     """Histograms (densities, log scale) of several estimators on the same draws, one panel per pair (§4).
 
-    Each panel shows the estimators of one :class:`~kltutorial.estimation.EstimatorSamples` as step
+    Each panel shows the estimators of one :class:`~kltutorial.studies.estimation.EstimatorSamples` as step
     histograms with a common set of bins, the exact KL as a dashed line, and the negative half-line
     shaded (where only k1 goes); one legend for all panels, below them. The x range spans the
     ``quantiles`` of all the values of the panel; values outside it are counted in the densities'

@@ -10,7 +10,7 @@
 * :func:`plot_training_paths`: proxy and gold reward against KL at every step of runs at several β, on
   the exact frontier;
 * :func:`plot_gao_fits`: Gao et al.'s functional forms fitted to the exact curves
-  (:mod:`kltutorial.scaling_fit`).
+  (:mod:`kltutorial.studies.scaling_fit`).
 
 They take plain arrays or objects with array attributes (``Frontier``, ``TrainResult``, ``GaoFit``), never
 a task or a model.

@@ -8,7 +8,7 @@
   reverse KL, and each KL against the Gaussian's mean (§2).
 
 They take arrays or objects with array attributes (``TrainResult``, ``ToyFrontier``,
-:class:`~kltutorial.divergences.Gaussian`), never a task or a model, and compute nothing but positions.
+:class:`~kltutorial.exact.Gaussian`), never a task or a model, and compute nothing but positions.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def plot_forward_reverse_fits(
     Left: the density of the mixture :math:`p` (black, shaded), of the forward fit
     :math:`\\arg\\min_q \\mathrm{KL}(p \\| q)` and of each reverse fit :math:`\\arg\\min_q \\mathrm{KL}(q
     \\| p)`. Right: each KL against the mean of :math:`q`, its width chosen best for each mean
-    (:func:`kltutorial.divergences.kl_profile`), with each fit marked on the curve of its direction.
+    (:func:`kltutorial.exact.kl_profile`), with each fit marked on the curve of its direction.
 
     Parameters
     ----------
@@ -175,7 +175,7 @@ def plot_forward_reverse_fits(
     x : ndarray, shape (M,)
         Where to draw the densities.
     forward_profile, reverse_profile : (means, kl), each ndarray of shape (L,)
-        The two profiles from :func:`~kltutorial.divergences.kl_profile`.
+        The two profiles from :func:`~kltutorial.exact.kl_profile`.
     kl_max : float, optional
         Top of the KL axis; by default four times the largest KL of a fit, so that the profiles' steep
         walls do not squash their minima.

@@ -6,7 +6,7 @@
   against the perturbation's size on log–log axes, with a line of slope 2 for reference.
 
 They take result objects (a frontier with ``betas``, ``kl``, ``reward``;
-:class:`~kltutorial.sequences.penalised.PerturbationCheck`) and compute nothing but positions.
+:class:`~kltutorial.exact.penalised.PerturbationCheck`) and compute nothing but positions.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def plot_frontier_tangents(
     Parameters
     ----------
     frontier : Frontier
-        ``betas``, ``kl``, ``reward`` of shape (K,) (from :func:`kltutorial.sequences.optimal_frontier`).
+        ``betas``, ``kl``, ``reward`` of shape (K,) (from :func:`kltutorial.exact.optimal_frontier`).
     tangent_betas : sequence of float
         β values at which to draw a tangent; each must be one of ``frontier.betas``.
     reward_label : str
@@ -87,7 +87,7 @@ def plot_perturbation_gaps(check: Any, *, ax: Axes | None = None) -> Axes:
     ----------
     check : PerturbationCheck
         ``beta``, ``scales`` (S,) and ``gaps`` (S, N), all gaps > 0 (from
-        :func:`kltutorial.sequences.penalised.perturbation_check`).
+        :func:`kltutorial.exact.penalised.perturbation_check`).
     ax : Axes, optional
 
     Returns

@@ -2,7 +2,7 @@ r"""A real RLHF run on an output space small enough to enumerate (book section 1
 
 Sequences of T = 5 tokens from a vocabulary of V = 8 (``"abcdefg!"``): 8**5 = 32,768 sequences, few
 enough that every probability, KL divergence and expected reward of the experiment is computed exactly
-by :mod:`kltutorial.sequences`, a sum over all of them. Only the training signal is sampled, as in real
+by :mod:`kltutorial.exact`, a sum over all of them. Only the training signal is sampled, as in real
 RLHF. One idea per module:
 
 ===============  ===============================================================================
@@ -19,20 +19,20 @@ RLHF. One idea per module:
 ===============  ===============================================================================
 
 The exact optimum :math:`\pi^*_\beta(y) \propto \pi_\mathrm{ref}(y)\, e^{r(y)/\beta}`, best-of-n, KL and
-per-position KL come from :mod:`kltutorial.sequences`. Randomness is passed in: :func:`make_task` takes two
+per-position KL come from :mod:`kltutorial.exact`. Randomness is passed in: :func:`make_task` takes two
 ``numpy.random.Generator``\ s, :func:`train_policy` a ``torch.Generator``.
 
 Examples
 --------
 >>> import numpy as np, torch
->>> from kltutorial import sequences as seq
+>>> from kltutorial import exact as ex
 >>> from kltutorial import toyrlhf as toy
 >>> task = toy.make_task(toy.TaskConfig(n_pairs=100), rng=np.random.default_rng(0),
 ...                      data_rng=np.random.default_rng([0, 100, 0]))
 >>> run = toy.train_policy(task, toy.TrainConfig(beta=1.0, steps=20, batch_size=256),
 ...                        generator=torch.Generator().manual_seed(0))
->>> optimum = seq.optimal_policy(task.ref_logprobs, task.proxy_reward, beta=1.0)
->>> seq.sequence_kl(run.logprobs, optimum) < seq.sequence_kl(task.ref_logprobs, optimum)
+>>> optimum = ex.optimal_policy(task.ref_logprobs, task.proxy_reward, beta=1.0)
+>>> ex.sequence_kl(run.logprobs, optimum) < ex.sequence_kl(task.ref_logprobs, optimum)
 True
 """
 

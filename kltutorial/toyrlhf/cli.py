@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .. import sequences as seq
+from .. import exact as ex
 from .config import FIXED_BETAS, TaskConfig, TrainConfig
 from .recipes import POLICIES, RECIPES, get_recipe, recipe_fixed_point, train_recipe
 from .task import make_task
@@ -83,21 +83,21 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
         except ValueError as err:
             parser.error(str(err))
         ref = run.task  # the chain, or the fitted network
-        optimum = seq.optimal_policy(ref.ref_logprobs, ref.proxy_reward, config.beta)
+        optimum = ex.optimal_policy(ref.ref_logprobs, ref.proxy_reward, config.beta)
         kl_to_fixed = floor = float("nan")  # no fixed point: the recipe has no regulariser
         if get_recipe(args.recipe).fixed_point is not None:
             fixed = recipe_fixed_point(ref, args.recipe, config.beta, group_size=run.group_size)
-            kl_to_fixed = seq.sequence_kl(run.logprobs, fixed)
+            kl_to_fixed = ex.sequence_kl(run.logprobs, fixed)
             if fitted is not None:  # the best this network does on the same target
                 floor = distill(copy.deepcopy(fitted), fixed)
         rows.append({
             "recipe": args.recipe,
             "beta": config.beta,
-            "kl": seq.sequence_kl(run.logprobs, ref.ref_logprobs),
-            "opt_kl": seq.sequence_kl(optimum, ref.ref_logprobs),
-            "proxy": seq.expected_reward(run.logprobs, task.proxy_reward),
-            "gold": seq.expected_reward(run.logprobs, task.gold_reward),
-            "kl_to_opt": seq.sequence_kl(run.logprobs, optimum),
+            "kl": ex.sequence_kl(run.logprobs, ref.ref_logprobs),
+            "opt_kl": ex.sequence_kl(optimum, ref.ref_logprobs),
+            "proxy": ex.expected_reward(run.logprobs, task.proxy_reward),
+            "gold": ex.expected_reward(run.logprobs, task.gold_reward),
+            "kl_to_opt": ex.sequence_kl(run.logprobs, optimum),
             "kl_to_fixed": kl_to_fixed,
             "floor": floor,
         })

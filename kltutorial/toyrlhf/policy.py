@@ -7,7 +7,7 @@ A policy for :mod:`kltutorial.toyrlhf.recipes` is a ``torch.nn.Module`` with
 * ``values(sequences) -> (N, T)``: a critic's :math:`V(y_{<t})`, the value of the state before token
   :math:`t` (PPO's value head);
 * ``table() -> (P, V)``: the next-token log-probs of every prefix row, for sampling and for the exact sums of
-  :mod:`kltutorial.sequences`.
+  :mod:`kltutorial.exact`.
 
 :class:`TablePolicy` keeps one row of logit offsets per prefix on top of the reference, so it starts at
 :math:`\pi_\mathrm{ref}` and can represent every distribution over sequences; its critic is a table with one
@@ -20,22 +20,22 @@ from __future__ import annotations
 
 import torch
 
-from .. import sequences as seq
+from .. import exact as ex
 from .task import ToyTask, check_task
 from .trainer import update_running_values
 
 __all__ = ["TablePolicy", "prefix_rows"]
 
 
-def prefix_rows(space: seq.SequenceSpace, sequences: torch.Tensor) -> torch.Tensor:
+def prefix_rows(space: ex.SequenceSpace, sequences: torch.Tensor) -> torch.Tensor:
     """The next-token table row of each position's prefix, shape (N, T), from token ids (N, T).
 
     The row of :math:`y_{<t}` is ``space.offsets[t]`` plus :math:`y_{<t}` read in base V, the layout of
-    :class:`~kltutorial.sequences.SequenceSpace` (``space.prefix_ids`` holds the same for listed sequences).
+    :class:`~kltutorial.exact.SequenceSpace` (``space.prefix_ids`` holds the same for listed sequences).
 
     Examples
     --------
-    >>> space = seq.SequenceSpace(vocab_size=2, length=2)
+    >>> space = ex.SequenceSpace(vocab_size=2, length=2)
     >>> prefix_rows(space, torch.tensor([[1, 0], [0, 1]])).tolist()
     [[0, 2], [0, 1]]
     """

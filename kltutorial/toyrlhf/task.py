@@ -1,8 +1,8 @@
 r"""The toy RLHF task of book section 11: reference chain, gold reward, preference data, proxy reward.
 
 Sequences of ``LENGTH = 5`` tokens from ``VOCAB = "abcdefg!"``: 8**5 = 32,768 sequences, listed by a
-:class:`~kltutorial.sequences.SequenceSpace`, so that every exact quantity of the experiment is a call to
-:mod:`kltutorial.sequences`. This module builds what those calls are about:
+:class:`~kltutorial.exact.SequenceSpace`, so that every exact quantity of the experiment is a call to
+:mod:`kltutorial.exact`. This module builds what those calls are about:
 
 1. the reference policy :math:`\pi_\mathrm{ref}`, a first-order Markov chain with Dirichlet rows in
    which ``"!"`` is rare;
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import sequences as seq
+from .. import exact as ex
 from .._validation import check_choice, check_generator, check_positive_int, check_rng
 from .config import TaskConfig
 
@@ -88,7 +88,7 @@ class ToyTask:
     """
 
     config: TaskConfig
-    space: seq.SequenceSpace
+    space: ex.SequenceSpace
     ref_initial: torch.Tensor
     ref_transition: torch.Tensor
     ref_table: torch.Tensor
@@ -171,7 +171,7 @@ def make_task(config: TaskConfig, rng: np.random.Generator, data_rng: np.random.
         )
     rng = check_rng(rng, "rng")
     data_rng = check_rng(data_rng, "data_rng")
-    space = seq.SequenceSpace(len(VOCAB), LENGTH)
+    space = ex.SequenceSpace(len(VOCAB), LENGTH)
     V = space.vocab_size
 
     # 1. Reference chain (Dirichlet rows, "!" made rare) and its next-token table.
@@ -183,7 +183,7 @@ def make_task(config: TaskConfig, rng: np.random.Generator, data_rng: np.random.
     initial_t = torch.tensor(initial, dtype=_DTYPE)
     transition_t = torch.tensor(transition, dtype=_DTYPE)
     ref_table = _chain_table(space, initial_t, transition_t)  # (P, V)
-    ref_token_logprobs = seq.token_logprobs(space, ref_table)  # (V**T, T)
+    ref_token_logprobs = ex.token_logprobs(space, ref_table)  # (V**T, T)
     ref_logprobs = ref_token_logprobs.sum(-1)  # chain rule: log pi_ref(y) = sum_t log pi_ref(y_t | y_<t)
 
     # 2. Gold reward.
@@ -244,7 +244,7 @@ def _rare_bang(probs: np.ndarray, bang_prob: float) -> np.ndarray:
 
 
 def _chain_table(
-    space: seq.SequenceSpace, initial: torch.Tensor, transition: torch.Tensor
+    space: ex.SequenceSpace, initial: torch.Tensor, transition: torch.Tensor
 ) -> torch.Tensor:
     """Next-token log-probs of the Markov chain at every prefix: a row of the chain's last token."""
     V = space.vocab_size
@@ -283,7 +283,7 @@ def _fit_bradley_terry(
 
 
 # ---------------------------------------------------------------------------------------------
-# Exact quantities of the task (through kltutorial.sequences)
+# Exact quantities of the task (through kltutorial.exact)
 
 
 def check_task(task: object) -> ToyTask:
@@ -297,7 +297,7 @@ def exact_frontier(
 ) -> ToyFrontier:
     """The exact frontier of the task: KL, expected proxy and gold reward, and the mass on two or more
     ``"!"`` of :math:`\\pi^*_\\beta \\propto \\pi_\\mathrm{ref}\\, e^{r/\\beta}` for each β in ``betas``
-    (:func:`kltutorial.sequences.optimal_frontier`).
+    (:func:`kltutorial.exact.optimal_frontier`).
 
     Parameters
     ----------
@@ -318,7 +318,7 @@ def exact_frontier(
         "gold": task.gold_reward,
         "multi_bang": (task.bang_count >= 2).to(_DTYPE),
     }
-    f = seq.optimal_frontier(task.ref_logprobs, r, betas, measures)
+    f = ex.optimal_frontier(task.ref_logprobs, r, betas, measures)
     return ToyFrontier(
         betas=f.betas,
         kl=f.kl,
@@ -349,7 +349,7 @@ def bang_count_distribution(task: ToyTask, logprobs: torch.Tensor) -> np.ndarray
         shape = tuple(logprobs.shape) if isinstance(logprobs, torch.Tensor) else type(logprobs).__name__
         raise ValueError(f"logprobs must be a tensor of shape ({n},), one log-prob per sequence; got {shape}")
     return np.array([
-        seq.expected_reward(logprobs, (task.bang_count == k).to(_DTYPE))
+        ex.expected_reward(logprobs, (task.bang_count == k).to(_DTYPE))
         for k in range(task.space.length + 1)
     ])
 
@@ -381,8 +381,8 @@ def ranking_agreement(
         raise ValueError(f"min_bangs must be an int in [0, {T}] (a number of \"!\"), got {min_bangs!r}")
     logp = torch.where(task.bang_count >= min_bangs, task.ref_logprobs, -torch.inf)
     logp = logp - torch.logsumexp(logp, 0)
-    a = seq.sample_sequences(logp, n, generator)
-    b = seq.sample_sequences(logp, n, generator)
+    a = ex.sample_sequences(logp, n, generator)
+    b = ex.sample_sequences(logp, n, generator)
     dg = task.gold_reward[a] - task.gold_reward[b]
     dp = task.proxy_reward[a] - task.proxy_reward[b]
     keep = dg != 0

@@ -9,7 +9,7 @@ the optimiser's, not the model's.
 Training is sampled, as in real RLHF: per-token k1 (:func:`kltutorial.compute_token_kl`), per-token
 reward shaping (:func:`kltutorial.shape_rewards`), rewards-to-go, a per-prefix Monte-Carlo critic as
 baseline, Adam on :math:`\theta`, and :math:`\beta` fixed or set by a :mod:`kltutorial.controllers`
-controller. What the run records is exact (:mod:`kltutorial.sequences`).
+controller. What the run records is exact (:mod:`kltutorial.exact`).
 
 Shapes: B batch, T = 5 positions, V = 8 tokens, P = 4681 prefixes, V**T = 32,768 sequences.
 """
@@ -22,12 +22,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .. import sequences as seq
+from .. import exact as ex
 from .._validation import check_generator
 from ..controllers import FixedKLController, KLController
 from ..estimators import compute_token_kl
+from ..exact.space import expected_value_unchecked, sequence_kl_unchecked, token_logprobs_unchecked
 from ..objective import shape_rewards
-from ..sequences.space import _expected_value, _sequence_kl, _token_logprobs
 from .config import TrainConfig
 from .task import ToyTask, check_task
 
@@ -65,7 +65,7 @@ class TrainResult:
         """``proxy − β₀ · kl`` at the run's initial β₀ = ``beta[0]``, shape (steps,).
 
         Priced at the initial β, not at the β in force, so that runs started from the same β₀ pay the
-        same for every nat of KL (as :attr:`kltutorial.simulate.ControlledTraining.penalized_reward`).
+        same for every nat of KL (as :attr:`kltutorial.studies.dynamics.ControlledTraining.penalized_reward`).
         """
         return self.proxy - self.beta[0] * self.kl
 
@@ -97,15 +97,15 @@ def _check_train_args(
 def _exact_summary(task: ToyTask, policy: torch.Tensor) -> tuple[float, float, float]:
     """Exact KL(pi_theta || pi_ref), E[proxy] and E[gold] of the policy with next-token table ``policy``.
 
-    The same sums as :func:`~kltutorial.sequences.sequence_kl` and :func:`~kltutorial.sequences.
+    The same sums as :func:`~kltutorial.exact.sequence_kl` and :func:`~kltutorial.exact.
     expected_reward`, through their unchecked helpers: the trainer's own tensors need no check, and
     checking 32,768 log-probs five times a step would slow the loop by a fifth.
     """
-    logprobs = _token_logprobs(task.space, policy).sum(-1)  # (V**T,), log pi_theta(y)
+    logprobs = token_logprobs_unchecked(task.space, policy).sum(-1)  # (V**T,), log pi_theta(y)
     return (
-        _sequence_kl(logprobs, task.ref_logprobs),
-        _expected_value(logprobs, task.proxy_reward),
-        _expected_value(logprobs, task.gold_reward),
+        sequence_kl_unchecked(logprobs, task.ref_logprobs),
+        expected_value_unchecked(logprobs, task.proxy_reward),
+        expected_value_unchecked(logprobs, task.gold_reward),
     )
 
 
@@ -141,7 +141,7 @@ def train_policy(
     Each step:
 
     1. sample B = ``config.batch_size`` sequences from :math:`\\pi_\\theta`, token by token
-       (:func:`~kltutorial.sequences.sample_autoregressive` with ``generator``);
+       (:func:`~kltutorial.exact.sample_autoregressive` with ``generator``);
     2. per-token k1, :math:`\\mathrm{kl}_t = \\log\\pi_\\theta(y_t|y_{<t})
        - \\log\\pi_\\mathrm{ref}(y_t|y_{<t})` (:func:`~kltutorial.compute_token_kl`), and shaped rewards
        :math:`r_t = -\\beta\\,\\mathrm{kl}_t` plus the proxy score at the last token
@@ -201,7 +201,7 @@ def train_policy(
         policy = torch.log_softmax(task.ref_table + theta, dim=-1)  # (P, V): next-token log-probs of pi_theta
         with torch.no_grad():
             kl, proxy, gold = _exact_summary(task, policy)  # exact, a sum over every sequence
-            idx = seq.sample_autoregressive(space, policy.detach(), B, generator)  # 1. (B,)
+            idx = ex.sample_autoregressive(space, policy.detach(), B, generator)  # 1. (B,)
         rows = space.prefix_ids[idx]  # (B, T)
         logp_tok = policy[rows, space.sequences[idx]]  # (B, T)
         with torch.no_grad():
@@ -227,7 +227,7 @@ def train_policy(
 
     final = torch.log_softmax(task.ref_table + theta.detach(), dim=-1)
     return TrainResult(
-        logprobs=seq.sequence_logprobs(space, final),
+        logprobs=ex.sequence_logprobs(space, final),
         kl=np.array(hist["kl"]),
         kl_sampled=np.array(hist["kl_sampled"]),
         beta=np.array(betas),

@@ -12,7 +12,7 @@ The network is nanoGPT-like, from ``torch.nn`` only: a BOS token (id V) before t
 learned position embeddings, ``layers`` pre-LayerNorm blocks of causal self-attention and an MLP, a final
 LayerNorm, a policy head to V logits and a value head to one scalar. Every parameter is float64 and drawn
 from the ``torch.Generator`` passed in, so its outputs are reproducible and its exact sums compare with
-the tables' of :mod:`kltutorial.sequences`.
+the tables' of :mod:`kltutorial.exact`.
 
 Shapes: N sequences, T = 5 positions, V = 8 tokens, D width, P = 4681 prefixes, V**T = 32,768 sequences.
 """
@@ -24,7 +24,7 @@ import math
 import torch
 from torch import nn
 
-from .. import sequences as seq
+from .. import exact as ex
 from .._validation import (
     check_float_tensor,
     check_generator,
@@ -104,11 +104,11 @@ class TransformerPolicy(nn.Module):
     """
 
     def __init__(
-        self, space: seq.SequenceSpace, *, width: int = 32, layers: int = 2, heads: int = 2,
+        self, space: ex.SequenceSpace, *, width: int = 32, layers: int = 2, heads: int = 2,
         generator: torch.Generator,
     ) -> None:
         super().__init__()
-        if not isinstance(space, seq.SequenceSpace):
+        if not isinstance(space, ex.SequenceSpace):
             raise TypeError(f"space must be a SequenceSpace (e.g. task.space), got {type(space).__name__}")
         width = check_positive_int(width, "width")
         layers = check_positive_int(layers, "layers")
@@ -220,7 +220,7 @@ class TransformerPolicy(nn.Module):
         Returns
         -------
         Tensor, shape (P, V), float64
-            The layout of ``task.ref_table``, for :func:`~kltutorial.sequences.sequence_logprobs`.
+            The layout of ``task.ref_table``, for :func:`~kltutorial.exact.sequence_logprobs`.
         """
         return torch.log_softmax(self.policy_head(self._prefix_hidden()), dim=-1)  # (P, V)
 
@@ -231,7 +231,7 @@ def _check_policy(policy: object) -> TransformerPolicy:
     return policy
 
 
-def _prefix_logprobs(space: seq.SequenceSpace, table: torch.Tensor) -> torch.Tensor:
+def _prefix_logprobs(space: ex.SequenceSpace, table: torch.Tensor) -> torch.Tensor:
     """log π(h) for every prefix row h, level by level: log π(hv) = log π(h) + log π(v | h). (P,)"""
     o, levels = space.offsets, [table.new_zeros(1)]  # the empty prefix has probability 1
     for L in range(1, space.length):
@@ -249,7 +249,7 @@ def sequence_logprobs_of(policy: TransformerPolicy) -> torch.Tensor:
     """
     policy = _check_policy(policy)
     with torch.no_grad():
-        return seq.sequence_logprobs(policy.space, policy.table())
+        return ex.sequence_logprobs(policy.space, policy.table())
 
 
 def fit_reference(
@@ -300,7 +300,7 @@ def fit_reference(
     max_steps = check_positive_int(max_steps, "max_steps")
     lr, tol = check_positive(lr, "lr"), check_positive(tol, "tol")
     ref_table = ref_table.to(_DTYPE)
-    ref_logprobs = seq.sequence_logprobs(space, ref_table)  # (V**T,), checks the rows are normalised
+    ref_logprobs = ex.sequence_logprobs(space, ref_table)  # (V**T,), checks the rows are normalised
     weight = _prefix_logprobs(space, ref_table).exp()[:, None] * ref_table.exp()  # (P, V): pi_ref(h v)
     entropy_term = (weight * ref_table).sum()  # sum_h pi_ref(h) sum_v ref(v|h) log ref(v|h)
     opt = torch.optim.Adam(policy.parameters(), lr=lr)
@@ -311,7 +311,7 @@ def fit_reference(
         opt.zero_grad()
         loss.backward()
         opt.step()
-    kl = seq.sequence_kl(ref_logprobs, sequence_logprobs_of(policy))
+    kl = ex.sequence_kl(ref_logprobs, sequence_logprobs_of(policy))
     if kl > tol:
         raise RuntimeError(
             f"fit_reference reached KL(pi_ref || pi_theta) = {kl:.3g} nats after max_steps={max_steps}, "
@@ -372,7 +372,7 @@ def distill(
     )
     best, best_state = math.inf, None
     for step in range(steps + 1):
-        logp = seq.sequence_logprobs(space, policy.table())  # (V**T,), differentiable
+        logp = ex.sequence_logprobs(space, policy.table())  # (V**T,), differentiable
         loss = (logp.exp() * (logp - target)).sum()  # exact KL(pi_theta || p)
         if loss.item() < best:
             best, best_state = loss.item(), {k: v.detach().clone() for k, v in policy.state_dict().items()}
@@ -383,4 +383,4 @@ def distill(
         opt.step()
         sched.step()
     policy.load_state_dict(best_state)
-    return seq.sequence_kl(sequence_logprobs_of(policy), target)
+    return ex.sequence_kl(sequence_logprobs_of(policy), target)

@@ -3,7 +3,7 @@ r"""The recipes readers run, trained on the toy task, and the exact point each o
 ``train_recipe(task, name, TrainConfig(beta=b), generator=g)`` trains one of :data:`RECIPES` and
 :func:`recipe_fixed_point` gives where its expected gradient vanishes. One small module per algorithm,
 each built from the library's functions (per-token KL from the estimators' registry,
-:func:`~kltutorial.shape_rewards`, :func:`~kltutorial.placement.gae_advantages`):
+:func:`~kltutorial.shape_rewards`, :func:`~kltutorial.exact.placement.gae_advantages`):
 
 ================  =========================================================================================
 ``common``        the sampled batch, the clipped surrogate, the optimiser and schedule, the loop, the result
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ... import sequences as seq
+from ... import exact as ex
 from ..._validation import check_choice, check_generator, check_positive_int
 from ..config import TrainConfig
 from ..task import ToyTask, check_task
@@ -85,7 +85,7 @@ def with_reference(task: ToyTask, ref_table: torch.Tensor) -> ToyTask:
     ``ref_initial`` and ``ref_transition`` stay those of the chain.
     """
     task = check_task(task)
-    table = seq.next_token_logprobs(task.space, seq.sequence_logprobs(task.space, ref_table))
+    table = ex.next_token_logprobs(task.space, ex.sequence_logprobs(task.space, ref_table))
     token = table[task.space.prefix_ids, task.space.sequences]  # (V**T, T)
     return dataclasses.replace(task, ref_table=table, ref_token_logprobs=token, ref_logprobs=token.sum(-1))
 
@@ -236,7 +236,7 @@ def train_recipe(
     >>> run = train_recipe(task, "dr-grpo-k2-loss", toy.TrainConfig(beta=0.3, steps=30, batch_size=256),
     ...                    generator=torch.Generator().manual_seed(0))
     >>> target = recipe_fixed_point(task, "dr-grpo-k2-loss", 0.3)
-    >>> seq.sequence_kl(run.logprobs, target) < seq.sequence_kl(task.ref_logprobs, target)
+    >>> ex.sequence_kl(run.logprobs, target) < ex.sequence_kl(task.ref_logprobs, target)
     True
     """
     task = check_task(task)
@@ -262,11 +262,11 @@ def train_recipe(
             )
         run = train_policy(task, config, generator=generator, progress=progress)
         keep = np.arange(0, config.steps, record_every)
-        final = lambda r: seq.expected_reward(run.logprobs, r)  # noqa: E731
+        final = lambda r: ex.expected_reward(run.logprobs, r)  # noqa: E731
         return RecipeResult(
             recipe=spec.name, beta=config.beta, logprobs=run.logprobs, task=task, group_size=None,
             steps=np.append(keep, config.steps),
-            kl=np.append(run.kl[keep], seq.sequence_kl(run.logprobs, task.ref_logprobs)),
+            kl=np.append(run.kl[keep], ex.sequence_kl(run.logprobs, task.ref_logprobs)),
             proxy=np.append(run.proxy[keep], final(task.proxy_reward)),
             gold=np.append(run.gold[keep], final(task.gold_reward)), settings=None,
         )
@@ -279,7 +279,7 @@ def train_recipe(
         generator=generator, scheduler=sched, record_every=record_every, progress=progress, desc=spec.name,
     )
     with torch.no_grad():
-        logprobs = seq.sequence_logprobs(task.space, module.table())
+        logprobs = ex.sequence_logprobs(task.space, module.table())
     return RecipeResult(
         recipe=spec.name, beta=config.beta, logprobs=logprobs, task=run_task, group_size=group_size,
         steps=steps, kl=kl, proxy=proxy, gold=gold, settings=settings,

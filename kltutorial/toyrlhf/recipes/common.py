@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ... import sequences as seq
+from ... import exact as ex
 from ..config import TrainConfig
 from ..task import ToyTask
 
@@ -95,7 +95,7 @@ def sample_batch(
     """Sample ``batch_size`` sequences token by token from the policy and gather their log-probs."""
     with torch.no_grad():
         table = policy.table()  # (P, V)
-        idx = seq.sample_autoregressive(task.space, table, batch_size, generator)  # (B,)
+        idx = ex.sample_autoregressive(task.space, table, batch_size, generator)  # (B,)
         rows, tokens = task.space.prefix_ids[idx], task.space.sequences[idx]  # (B, T) each
         return Batch(tokens, table[rows, tokens], task.ref_token_logprobs[idx], task.proxy_reward[idx])
 
@@ -167,10 +167,10 @@ def run_loop(
 
     def record(step: int) -> None:
         with torch.no_grad():
-            logp = seq.sequence_logprobs(task.space, policy.table())
-        kl = seq.sequence_kl(logp, task.ref_logprobs)
-        hist.append((step, kl, seq.expected_reward(logp, task.proxy_reward),
-                     seq.expected_reward(logp, task.gold_reward)))
+            logp = ex.sequence_logprobs(task.space, policy.table())
+        kl = ex.sequence_kl(logp, task.ref_logprobs)
+        hist.append((step, kl, ex.expected_reward(logp, task.proxy_reward),
+                     ex.expected_reward(logp, task.gold_reward)))
 
     for step in tqdm(range(config.steps), disable=not progress, desc=desc, leave=False):
         if step % record_every == 0:

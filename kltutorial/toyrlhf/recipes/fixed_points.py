@@ -13,7 +13,7 @@ r"""Where each recipe's expected on-policy gradient vanishes, exactly, and that 
 * ``dr-grpo-k1-loss``: :math:`-\tfrac{G-1}{G}\nabla\mathbb{E}[s]`; no fixed point, no regulariser.
 
 :math:`\nabla^\mathrm{tok}` is the gradient of the per-token KLs with the prefixes' probabilities held
-fixed (:func:`~kltutorial.placement.penalty_gradients`). The coefficients:
+fixed (:func:`~kltutorial.exact.placement.penalty_gradients`). The coefficients:
 
 * a leave-one-out baseline (RLOO) or a critic that is exact at the fixed point (PPO's, REINFORCE's) adds no
   bias, so the score keeps weight 1;
@@ -47,10 +47,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ... import sequences as seq
+from ... import exact as ex
 from ..._validation import check_positive, check_positive_int
-from ...placement import grpo_style_loss, ppo_style_loss
-from ...sequences.fixed_points import per_token_fixed_point
+from ...exact.fixed_points import per_token_fixed_point
+from ...exact.placement import grpo_style_loss, ppo_style_loss
 from ..task import ToyTask, check_task
 from .registry import RecipeSpec, get_recipe
 
@@ -67,9 +67,9 @@ GROUP_DRAWS: int = 4_000
 _STD_ITERATIONS = 200
 
 
-def score_std(space: seq.SequenceSpace, table: torch.Tensor, scores: torch.Tensor) -> float:
+def score_std(space: ex.SequenceSpace, table: torch.Tensor, scores: torch.Tensor) -> float:
     """The std of the score under the policy with next-token table ``table``, exactly."""
-    p = seq.sequence_logprobs(space, table).exp()
+    p = ex.sequence_logprobs(space, table).exp()
     mean = float((p * scores).sum())
     return math.sqrt(max(float((p * (scores - mean) ** 2).sum()), 0.0))
 
@@ -151,7 +151,7 @@ def _group_size(spec: RecipeSpec, group_size: int | None) -> int | None:
 
 
 def fixed_point_table(
-    space: seq.SequenceSpace, ref_table: torch.Tensor, scores: torch.Tensor, recipe: str, beta: float,
+    space: ex.SequenceSpace, ref_table: torch.Tensor, scores: torch.Tensor, recipe: str, beta: float,
     *, group_size: int | None = None,
 ) -> torch.Tensor:
     """The next-token table (P, V) of a recipe's fixed point on any listable space (the module docstring
@@ -162,16 +162,16 @@ def fixed_point_table(
     if spec.fixed_point is None:
         raise ValueError(f"{spec.name} has no fixed point with every token kept: {spec.why_none}")
     if spec.fixed_point == "optimum":
-        ref_logprobs = seq.sequence_logprobs(space, ref_table)
-        return seq.next_token_logprobs(space, seq.optimal_policy(ref_logprobs, scores, beta))
+        ref_logprobs = ex.sequence_logprobs(space, ref_table)
+        return ex.next_token_logprobs(space, ex.optimal_policy(ref_logprobs, scores, beta))
     kappa = 1.0 if g is None else g / (g - 1)
     if not spec.std_scaled:
         return per_token_fixed_point(space, ref_table, scores, beta * kappa, spec.fixed_point)
-    ref_logprobs = seq.sequence_logprobs(space, ref_table)
+    ref_logprobs = ex.sequence_logprobs(space, ref_table)
     curve = group_advantage_curve(scores, ref_logprobs, g, eps=spec.settings.eps)
     for i in range(_STD_ITERATIONS):
         table = per_token_fixed_point(space, ref_table, curve, beta, spec.fixed_point)
-        new = group_advantage_curve(scores, seq.sequence_logprobs(space, table), g, eps=spec.settings.eps)
+        new = group_advantage_curve(scores, ex.sequence_logprobs(space, table), g, eps=spec.settings.eps)
         if (new - curve).abs().max() <= 1e-10:
             return table
         curve = new if i < 50 else 0.5 * (curve + new)
@@ -210,20 +210,20 @@ def recipe_fixed_point(
     table = fixed_point_table(
         task.space, task.ref_table, task.proxy_reward, recipe, beta, group_size=group_size
     )
-    return seq.sequence_logprobs(task.space, table)
+    return ex.sequence_logprobs(task.space, table)
 
 
 def expected_gradient(
-    space: seq.SequenceSpace, ref_table: torch.Tensor, scores: torch.Tensor, logits: torch.Tensor,
+    space: ex.SequenceSpace, ref_table: torch.Tensor, scores: torch.Tensor, logits: torch.Tensor,
     recipe: str, beta: float, *, group_size: int | None = None,
 ) -> torch.Tensor:
     r"""The recipe's expected on-policy gradient of its loss at the policy ``softmax(logits)``, exactly (a sum
     over every sequence), shape (P, V): what a very large batch would follow on its first step.
 
-    Reward placements use :func:`~kltutorial.placement.ppo_style_loss` with the exact critic (REINFORCE's
-    and PPO's critics at their fixed point; RLOO's leave-one-out baseline is unbiased, which gives the
-    same); loss placements use :func:`~kltutorial.placement.grpo_style_loss` with the score scaled as the
-    module docstring says (for GRPO by :math:`1/\sigma_\pi` of the policy at ``logits``).
+    Reward placements use :func:`~kltutorial.exact.placement.ppo_style_loss` with the exact critic
+    (REINFORCE's and PPO's critics at their fixed point; RLOO's leave-one-out baseline is unbiased, which
+    gives the same); loss placements use :func:`~kltutorial.exact.placement.grpo_style_loss` with the score
+    scaled as the module docstring says (for GRPO by :math:`1/\sigma_\pi` of the policy at ``logits``).
     """
     spec = get_recipe(recipe)
     beta = check_positive(beta, "beta")
@@ -234,7 +234,7 @@ def expected_gradient(
         loss = ppo_style_loss(space, theta, ref_table, scores, beta, estimator=spec.estimator, lam=lam)
     else:
         if spec.std_scaled:
-            logp = seq.sequence_logprobs(space, torch.log_softmax(logits.detach(), -1))
+            logp = ex.sequence_logprobs(space, torch.log_softmax(logits.detach(), -1))
             effective = group_advantage_curve(scores, logp, g, eps=spec.settings.eps)
         else:
             effective = scores if g is None else (g - 1) / g * scores
@@ -262,8 +262,8 @@ def fixed_point_curve(task: ToyTask, recipe: str, betas: Sequence[float]) -> Fix
     rows = []
     for beta in betas:
         fp = recipe_fixed_point(task, recipe, beta)
-        opt = seq.optimal_policy(task.ref_logprobs, task.proxy_reward, beta)
-        rows.append((seq.sequence_kl(fp, task.ref_logprobs), seq.expected_reward(fp, task.proxy_reward),
-                     seq.expected_reward(fp, task.gold_reward), seq.sequence_kl(fp, opt)))
+        opt = ex.optimal_policy(task.ref_logprobs, task.proxy_reward, beta)
+        rows.append((ex.sequence_kl(fp, task.ref_logprobs), ex.expected_reward(fp, task.proxy_reward),
+                     ex.expected_reward(fp, task.gold_reward), ex.sequence_kl(fp, opt)))
     kl, proxy, gold, to_opt = (np.array(col) for col in zip(*rows, strict=True))
     return FixedPointCurve(recipe, np.asarray(betas, dtype=float), kl, proxy, gold, to_opt)

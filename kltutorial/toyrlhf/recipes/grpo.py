@@ -28,7 +28,7 @@ expected gradient becomes that of :math:`\mathbb{E}_{\pi_\theta}[k]`, for k3 the
 instead of the forward KL's, and a k3 recipe with ``kl_weight="ratio"`` stops at the reverse per-token fixed
 point (that of ``dr-grpo-k2-loss``), not at its registered one.
 
-Where the run ends (:mod:`kltutorial.sequences.fixed_points`): k2, k1+ and k3+ follow the per-token reverse
+Where the run ends (:mod:`kltutorial.exact.fixed_points`): k2, k1+ and k3+ follow the per-token reverse
 KL, k3 the per-token forward KL, k1 nothing (its expected gradient is 0). A group mean that includes the
 sample scales the score's expected gradient by :math:`(G-1)/G`; GRPO's division by the group's std scales it
 by about :math:`1/\sigma_\pi`, the policy's own score std.

@@ -7,7 +7,7 @@ Per batch (Ouyang et al. 2022; Huang et al. 2024, "The N+ implementation details
    k1 by default, k3 for TRL's ``kl_estimator="k3"``), and shaped rewards :math:`r_t = -\beta k(\Delta_t)`
    plus the score at the last token (:func:`~kltutorial.shape_rewards`);
 2. the critic's values :math:`V(y_{<t})` of the sampling policy, GAE with :math:`\gamma = 1` and
-   :math:`\lambda` (:func:`~kltutorial.placement.gae_advantages`), and the returns
+   :math:`\lambda` (:func:`~kltutorial.exact.placement.gae_advantages`), and the returns
    :math:`R_t = A_t + V_t` as the critic's target;
 3. advantages whitened over the batch (TRL and OpenRLHF do), which rescales the whole gradient, penalty
    and score alike, so it does not move the fixed point;
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import torch
 
 from ...estimators import kl_estimate
+from ...exact.placement import gae_advantages
 from ...objective import shape_rewards
-from ...placement import gae_advantages
 from ..config import check_field
 from .common import Batch, clipped_pg_loss, minibatches, token_logprobs
 

@@ -2,7 +2,8 @@ r"""Bias, spread and sign of the KL estimators, computed exactly or from samples
 
 Every sampled estimator of :mod:`kltutorial.estimators` is a function :math:`k(\Delta)` of the log-ratio
 :math:`\Delta = \log\pi(y) - \log\pi_{\mathrm{ref}}(y)` of a draw :math:`y \sim \pi`. How good it is depends
-on the distribution of :math:`\Delta` under :math:`\pi`, summarised here by :class:`EstimatorMoments`:
+on the distribution of :math:`\Delta` under :math:`\pi`, summarised here by
+:class:`~kltutorial.exact.estimates.EstimatorMoments`:
 
 .. math::  \text{bias} = \mathbb{E}_\pi[k] - \mathrm{KL}(\pi\|\pi_{\mathrm{ref}}), \qquad
            \text{std} = \sqrt{\mathrm{Var}_\pi[k]}, \qquad \text{share negative} = P_\pi(k < 0).
@@ -12,7 +13,7 @@ Three ways to get them:
 * :func:`gaussian_moments`: Schulman's example, policy :math:`\mathcal N(0, 1)` and reference
   :math:`\mathcal N(\mu, 1)`, by Gauss–Legendre quadrature (deterministic, accurate to about 1e-12);
 * :func:`sampled_moments`: from the log-probs of samples, as a trainer sees them;
-* ``kltutorial.sequences.estimates.estimator_moments``: any finite distribution (a categorical, or the
+* ``kltutorial.exact.estimates.estimator_moments``: any finite distribution (a categorical, or the
   distribution over the sequences of a listable space), by enumerating its outcomes.
 
 Closed forms for the Gaussian pair, which the tests check the quadrature against: under the policy
@@ -41,11 +42,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._validation import check_generator, check_positive_int, check_real, check_tensor_pair
-from .estimators import Estimator, get_estimator, kl_estimate
+from .._validation import check_generator, check_positive_int, check_real, check_tensor_pair
+from ..estimators import Estimator, get_estimator, kl_estimate
+from ..exact.estimates import EstimatorMoments
 
 __all__ = [
-    "EstimatorMoments",
     "EstimatorSamples",
     "estimator_samples",
     "QUADRATURE_NODES",
@@ -68,54 +69,6 @@ _HALF_WIDTH = 12.0
 # exact for any estimator whose sign changes at most once per cell (24/4096 of a standard deviation).
 _SIGN_GRID_CELLS = 4096
 _BISECTIONS = 60
-
-
-@dataclass(frozen=True)
-class EstimatorMoments:
-    """Mean, spread and sign of one estimator against the exact KL it estimates.
-
-    Attributes
-    ----------
-    estimator : str
-        The canonical name (an alias such as ``"low_var_kl"`` is resolved to ``"k3"``).
-    kl : float
-        The exact :math:`\\mathrm{KL}(\\pi\\|\\pi_{\\mathrm{ref}})` in nats.
-    mean : float
-        :math:`\\mathbb{E}_\\pi[k]` (exact), or the sample mean.
-    std : float
-        :math:`\\sqrt{\\mathrm{Var}_\\pi[k]}` of one draw (exact), or the sample standard deviation.
-    share_negative : float
-        :math:`P_\\pi(k < 0)`, or the share of negative samples.
-    n_samples : int or None
-        ``None`` for exact moments, else the number of samples they were measured on.
-    """
-
-    estimator: str
-    kl: float
-    mean: float
-    std: float
-    share_negative: float
-    n_samples: int | None = None
-
-    @property
-    def bias(self) -> float:
-        """:math:`\\mathbb{E}[k] - \\mathrm{KL}` in nats."""
-        return self.mean - self.kl
-
-    @property
-    def relative_bias(self) -> float:
-        """bias / KL (Schulman's "bias/true"); NaN when the KL is 0."""
-        return self.bias / self.kl if self.kl > 0 else math.nan
-
-    @property
-    def relative_std(self) -> float:
-        """std / KL (Schulman's "stdev/true"); NaN when the KL is 0."""
-        return self.std / self.kl if self.kl > 0 else math.nan
-
-    @property
-    def standard_error(self) -> float:
-        """std / sqrt(n) of a sampled mean; NaN for exact moments."""
-        return self.std / math.sqrt(self.n_samples) if self.n_samples else math.nan
 
 
 def _check_mu(mu: object) -> float:

@@ -6,7 +6,7 @@ For a distribution :math:`\pi` over the listed sequences, a reward :math:`r` and
            = \beta \log Z_\beta - \beta\, \mathrm{KL}(\pi \,\|\, \pi^*_\beta),
    \qquad \pi^*_\beta = \pi_\mathrm{ref}\, e^{r/\beta} / Z_\beta,
 
-so :math:`\pi^*_\beta` (:func:`~kltutorial.sequences.optimal_policy`) is the unique maximiser and the
+so :math:`\pi^*_\beta` (:func:`~kltutorial.exact.optimal_policy`) is the unique maximiser and the
 maximum is :math:`\beta \log Z_\beta` (the Gibbs variational principle). This module computes what
 section 5 checks about that statement:
 
@@ -35,16 +35,22 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .._validation import check_float_tensor, check_generator, check_positive, check_positive_int, check_real
-from .optimum import _optimal_policy
+from .._validation import (
+    check_float_tensor,
+    check_generator,
+    check_logprobs,
+    check_positive,
+    check_positive_int,
+    check_real,
+    check_values,
+)
+from .optimum import optimal_policy_unchecked
 from .space import (
     SequenceSpace,
-    _check_logprobs,
-    _check_space,
-    _check_values,
-    _expected_value,
-    _sequence_kl,
-    _token_logprobs,
+    check_space,
+    expected_value_unchecked,
+    sequence_kl_unchecked,
+    token_logprobs_unchecked,
 )
 
 __all__ = [
@@ -59,13 +65,13 @@ __all__ = [
 
 
 def _check_problem(ref_logprobs: object, reward: object) -> tuple[torch.Tensor, torch.Tensor]:
-    ref_logprobs = _check_logprobs(ref_logprobs, "ref_logprobs")
-    reward = _check_values(reward, "reward", ref_logprobs.shape[0])
+    ref_logprobs = check_logprobs(ref_logprobs, "ref_logprobs")
+    reward = check_values(reward, "reward", ref_logprobs.shape[0])
     return ref_logprobs, reward
 
 
 def _objective(logp: torch.Tensor, ref_logprobs: torch.Tensor, reward: torch.Tensor, beta: float) -> float:
-    return _expected_value(logp, reward) - beta * _sequence_kl(logp, ref_logprobs)
+    return expected_value_unchecked(logp, reward) - beta * sequence_kl_unchecked(logp, ref_logprobs)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -96,7 +102,7 @@ def penalised_objective(
     0.6192
     """
     ref_logprobs, reward = _check_problem(ref_logprobs, reward)
-    logp = _check_logprobs(logp, "logp", ref_logprobs.shape[0])
+    logp = check_logprobs(logp, "logp", ref_logprobs.shape[0])
     beta = check_positive(beta, "beta")
     return _objective(logp, ref_logprobs, reward, beta)
 
@@ -171,8 +177,8 @@ def frontier_slope(
         raise ValueError(f"rel_step must lie in (0, 0.5), a small relative step in beta; got {rel_step!r}")
     points = []
     for b in (beta * (1.0 + rel_step), beta * (1.0 - rel_step)):
-        logp = _optimal_policy(ref_logprobs, reward, b)
-        points.append((_sequence_kl(logp, ref_logprobs), _expected_value(logp, reward)))
+        logp = optimal_policy_unchecked(ref_logprobs, reward, b)
+        points.append((sequence_kl_unchecked(logp, ref_logprobs), expected_value_unchecked(logp, reward)))
     (kl_hi, r_hi), (kl_lo, r_lo) = points
     if not kl_lo > kl_hi:
         raise ValueError("the frontier does not move with beta: is the reward constant where pi_ref > 0?")
@@ -225,7 +231,8 @@ def beta_for_budget(
         )
 
     def kl_at(log_beta: float) -> float:
-        return _sequence_kl(_optimal_policy(ref_logprobs, reward, math.exp(log_beta)), ref_logprobs)
+        optimum = optimal_policy_unchecked(ref_logprobs, reward, math.exp(log_beta))
+        return sequence_kl_unchecked(optimum, ref_logprobs)
 
     lo, hi = 0.0, 0.0  # log beta: kl_at(lo) > budget > kl_at(hi)
     while kl_at(lo) <= budget:
@@ -324,7 +331,7 @@ def perturbation_check(
         raise ValueError(f"scales must be a non-empty sequence of finite numbers > 0, got {scales!r}")
     n = check_positive_int(n, "n")
     generator = check_generator(generator)
-    best = _optimal_policy(ref_logprobs, reward, beta)
+    best = optimal_policy_unchecked(ref_logprobs, reward, beta)
     optimum = _objective(best, ref_logprobs, reward, beta)
     size = ref_logprobs.shape[0]
     xi = torch.randn(n, size, generator=generator, dtype=ref_logprobs.dtype)  # (N, V**T)
@@ -390,19 +397,19 @@ def policy_gradient(
     >>> policy_gradient(space, z, ref, r, beta=0.5), policy_gradient(space, z, ref, r, 0.5, baseline=7.0)
     (tensor([[-0.2500,  0.2500]], dtype=torch.float64), tensor([[-0.2500,  0.2500]], dtype=torch.float64))
     """
-    _check_space(space)
+    check_space(space)
     logits = check_float_tensor(logits, "logits", ndim=2)
     if tuple(logits.shape) != (space.n_prefixes, space.vocab_size):
         raise ValueError(
             f"logits must have shape {(space.n_prefixes, space.vocab_size)}, one row per prefix; "
             f"got {tuple(logits.shape)}"
         )
-    ref_logprobs = _check_logprobs(ref_logprobs, "ref_logprobs", space.n_sequences)
-    reward = _check_values(reward, "reward", space.n_sequences)
+    ref_logprobs = check_logprobs(ref_logprobs, "ref_logprobs", space.n_sequences)
+    reward = check_values(reward, "reward", space.n_sequences)
     beta = check_positive(beta, "beta")
     baseline = check_real(baseline, "baseline")
     z = logits.detach().clone().requires_grad_(True)
-    logp = _token_logprobs(space, torch.log_softmax(z, dim=-1)).sum(-1)  # (V**T,)
+    logp = token_logprobs_unchecked(space, torch.log_softmax(z, dim=-1)).sum(-1)  # (V**T,)
     with torch.no_grad():
         weight = logp.exp() * (reward - beta * (logp - ref_logprobs) - baseline)  # pi(y) (R(y) - b)
     (grad,) = torch.autograd.grad((weight * logp).sum(), z)

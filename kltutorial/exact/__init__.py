@@ -1,4 +1,22 @@
-r"""Exact probabilities on a sequence space small enough to list (book sections 3, 5 and 11).
+r"""The exact maths of the book: what is computed in closed form or as a finite sum, never sampled.
+
+Three parts, importing only the library and one another (never a section's study):
+
+* **divergences** (sections 1 and 2): KL, entropy and cross-entropy of categoricals, Gaussians, and the
+  two ways to fit one Gaussian to a mixture (modules ``categorical`` and ``gaussian``);
+* **listable sequence spaces** (sections 3, 4, 5, 9 and 11): the chain rule, estimates against the exact
+  KL, :math:`\pi^*_\beta`, the penalised objective, and the per-token fixed points of each recipe
+  (modules ``space``, ``estimates``, ``optimum``, ``penalised``, ``fixed_points``);
+* **exact gradients** (sections 4 and 9): what an estimator's gradient optimises when it is used as a
+  loss (:mod:`kltutorial.exact.gradients`), and the KL in the reward or in the loss
+  (:mod:`kltutorial.exact.placement`); these two are imported by their module name.
+
+The names of the first two parts are imported from here.
+
+Listable sequence spaces
+------------------------
+
+Exact probabilities on a sequence space small enough to list (book sections 3, 5 and 11).
 
 Sequences of :math:`T` tokens from a vocabulary of :math:`V`: while :math:`V^T` is at most a few million,
 every sequence can be listed, and every probability, KL divergence and expected reward is a finite sum,
@@ -41,9 +59,50 @@ the exact policy gradient, section 5).
 
 Shapes: V vocabulary, T positions, V**T sequences, P = 1 + V + ... + V**(T-1) prefixes (the rows of a
 next-token table), N samples, K values of β.
-"""
 
+Divergences
+-----------
+
+The KL divergence itself (book sections 1 and 2): categorical distributions, Gaussians, and the two
+directions of fitting one Gaussian to a mixture.
+
+For distributions :math:`p` and :math:`q` on the same space, the Kullback–Leibler divergence is
+
+.. math::  \mathrm{KL}(p \,\|\, q) = \mathbb{E}_{x \sim p}\Big[\log \frac{p(x)}{q(x)}\Big]
+           = \underbrace{-\mathbb{E}_p[\log q]}_{\text{cross-entropy } H(p, q)}
+           \; - \; \underbrace{(-\mathbb{E}_p[\log p])}_{\text{entropy } H(p)},
+
+in nats with the natural logarithm (divide by :math:`\log 2` for bits). It is :math:`\ge 0`, with
+equality only when :math:`p = q` (Gibbs' inequality; Cover and Thomas 2006, Theorem 2.6.3), and it is not
+symmetric. What this package holds:
+
+1. **categorical distributions** (arrays of probabilities, the last axis the categories):
+   :func:`entropy`, :func:`cross_entropy`, :func:`kl_divergence`, in nats or bits;
+2. **one-dimensional Gaussians and Gaussian mixtures** (:class:`Gaussian`, :class:`GaussianMixture`):
+   the closed form :func:`kl_gaussians`, and :func:`kl_quadrature` for any pair, by quadrature on a
+   fixed grid over each component of the first argument;
+3. **the two ways to fit one Gaussian to a mixture** (Bishop 2006, §10.1.2 and §10.7; Minka 2005):
+   the forward fit :math:`\arg\min_q \mathrm{KL}(p \| q)` matches moments (:func:`fit_forward_kl`,
+   closed form), the reverse fit :math:`\arg\min_q \mathrm{KL}(q \| p)` settles in a mode and is found
+   numerically, from a start (:func:`fit_reverse_kl`), and :func:`kl_profile` gives either KL as a
+   function of the Gaussian's mean, its width chosen best for each mean;
+4. **what a forward-KL penalty would do** in RLHF: :func:`forward_kl_optimal_policy`, the maximiser of
+   :math:`\mathbb{E}_\pi[r] - \beta\,\mathrm{KL}(\pi_\mathrm{ref} \| \pi)`, beside the reverse-KL optimum
+   :func:`kltutorial.exact.optimal_policy`.
+
+Everything is deterministic: the quadrature grid is fixed, and the optimiser (L-BFGS, then Newton steps)
+starts where it is told.
+
+Two modules: ``categorical`` (items 1 and 4) and ``gaussian`` (items 2 and 3).
+
+References: S. Kullback and R. A. Leibler, "On Information and Sufficiency", *Ann. Math. Statist.* 22
+(1951); T. M. Cover and J. A. Thomas, *Elements of Information Theory*, 2nd ed. (2006), §2.3 and §2.6;
+C. M. Bishop, *Pattern Recognition and Machine Learning* (2006), §10.1.2 and §10.7; T. Minka, "Divergence
+measures and message passing", MSR-TR-2005-173 (2005).
+"""
+from .categorical import NATS_PER_BIT, UNITS, cross_entropy, entropy, forward_kl_optimal_policy, kl_divergence
 from .estimates import (
+    EstimatorMoments,
     MonteCarloConvergence,
     estimator_moments,
     exact_mean_and_std,
@@ -52,6 +111,15 @@ from .estimates import (
     sampled_token_kl,
 )
 from .fixed_points import PER_TOKEN_DIVERGENCES, per_token_fixed_point
+from .gaussian import (
+    Gaussian,
+    GaussianMixture,
+    fit_forward_kl,
+    fit_reverse_kl,
+    kl_gaussians,
+    kl_profile,
+    kl_quadrature,
+)
 from .optimum import Frontier, best_of_n_kl_bound, best_of_n_logprobs, optimal_frontier, optimal_policy
 from .penalised import (
     PerturbationCheck,
@@ -76,6 +144,7 @@ from .space import (
 )
 
 __all__ = [
+    "EstimatorMoments",
     "MAX_SEQUENCES",
     "SequenceSpace",
     "Frontier",
@@ -106,4 +175,17 @@ __all__ = [
     "PerturbationCheck",
     "perturbation_check",
     "policy_gradient",
+    "NATS_PER_BIT",
+    "UNITS",
+    "entropy",
+    "cross_entropy",
+    "kl_divergence",
+    "forward_kl_optimal_policy",
+    "Gaussian",
+    "GaussianMixture",
+    "kl_gaussians",
+    "kl_quadrature",
+    "fit_forward_kl",
+    "fit_reverse_kl",
+    "kl_profile",
 ]

@@ -1,6 +1,6 @@
 """Time and memory of the log-prob kernels, and of the vectorised §10 simulation (book section 12).
 
-Run ``python -m kltutorial.bench`` (``--help`` for the options; ``--quick`` finishes in seconds).
+Run ``python -m kltutorial.studies.bench`` (``--help`` for the options; ``--quick`` finishes in seconds).
 
 What is measured
 ----------------
@@ -56,7 +56,7 @@ process (a Jupyter kernel) starts with the parent's peak and under-reports its o
 and to ``amax``) compare numbers measured in the same invocation, which is what matters on a shared
 machine.
 
-The command also runs the simulation benchmark of :mod:`kltutorial.bench_simulation` (the vectorised
+The command also runs the simulation benchmark of :mod:`kltutorial.studies.bench_simulation` (the vectorised
 §10 model against the handbook's one-run-at-a-time loop).
 
 Randomness and process settings: the inputs come from a ``torch.Generator`` (logits) or a
@@ -88,7 +88,6 @@ from kltutorial._validation import (
     check_positive,
     check_positive_int,
 )
-from kltutorial.bench_simulation import simulation_benchmark
 from kltutorial.logprobs import (
     CHUNK_BYTES,
     exact_kl,
@@ -96,6 +95,7 @@ from kltutorial.logprobs import (
     naive_exact_kl,
     naive_logprobs_for_tokens,
 )
+from kltutorial.studies.bench_simulation import simulation_benchmark
 
 __all__ = [
     "MMAP_THRESHOLD",
@@ -361,7 +361,7 @@ def run_case(
     spec = {"method": method, "shape": list(shape), "dtype": dtype, "repeats": repeats,
             "chunk_size": chunk_size, "threads": threads}
     proc = subprocess.run(
-        [sys.executable, "-m", "kltutorial.bench", "--child", json.dumps(spec)],
+        [sys.executable, "-m", "kltutorial.studies.bench", "--child", json.dumps(spec)],
         capture_output=True, text=True, timeout=timeout, check=False,
         env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)},
     )
@@ -470,9 +470,9 @@ def _parse_shape(text: str) -> tuple[int, int, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Command-line entry point: ``python -m kltutorial.bench``."""
+    """Command-line entry point: ``python -m kltutorial.studies.bench``."""
     parser = argparse.ArgumentParser(
-        prog="python -m kltutorial.bench",
+        prog="python -m kltutorial.studies.bench",
         description="Time and peak memory of the log-prob / exact-KL kernels (each case in a fresh "
                     "process), and the vectorised section-10 simulation against a scalar loop.")
     parser.add_argument("--quick", action="store_true",

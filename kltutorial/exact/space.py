@@ -1,7 +1,7 @@
 r"""The sequence space: every sequence listed, next-token tables, the chain rule, KL and sampling.
 
 Book section 3 (the chain rule, checked exactly); the package's introduction is in
-:mod:`kltutorial.sequences`. Shapes: V vocabulary, T positions, V**T sequences, P prefixes, N samples.
+:mod:`kltutorial.exact`. Shapes: V vocabulary, T positions, V**T sequences, P prefixes, N samples.
 """
 
 from __future__ import annotations
@@ -11,7 +11,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._validation import check_float_tensor, check_generator, check_positive_int
+from .._validation import (
+    check_generator,
+    check_logprobs,
+    check_positive_int,
+    check_table,
+    check_values,
+)
 from ..logprobs import exact_kl
 
 __all__ = [
@@ -106,55 +112,13 @@ class SequenceSpace:
 # Checks (each public function checks its arguments once; the private helpers trust them)
 
 
-def _check_space(space: object) -> SequenceSpace:
+def check_space(space: object) -> SequenceSpace:
     if not isinstance(space, SequenceSpace):
         raise TypeError(
             f"space must be a SequenceSpace (e.g. SequenceSpace(vocab_size=2, length=3)), "
             f"got {type(space).__name__}"
         )
     return space
-
-
-def _normalisation_tolerance(x: torch.Tensor) -> float:
-    """How far from 0 a log-normaliser may be: sqrt(eps), 1.5e-8 in float64, 3.5e-4 in float32."""
-    return math.sqrt(torch.finfo(x.dtype).eps)
-
-
-def _check_table(space: SequenceSpace, table: object, name: str) -> torch.Tensor:
-    table = check_float_tensor(table, name, ndim=2, allow_inf=True)
-    want = (space.n_prefixes, space.vocab_size)
-    if tuple(table.shape) != want:
-        raise ValueError(
-            f"{name} must have shape {want}, one row of next-token log-probs per prefix of length "
-            f"0 to {space.length - 1}; got {tuple(table.shape)}"
-        )
-    off = torch.logsumexp(table, dim=-1).abs().max()
-    if not off <= _normalisation_tolerance(table):
-        raise ValueError(
-            f"{name} must hold next-token log-probabilities (every row's logsumexp 0), but a row is off "
-            f"by {float(off):.3g}; for logits pass torch.log_softmax(logits, dim=-1)"
-        )
-    return table
-
-
-def _check_logprobs(x: object, name: str, size: int | None = None) -> torch.Tensor:
-    x = check_float_tensor(x, name, ndim=1, allow_inf=True)
-    if size is not None and x.shape[0] != size:
-        raise ValueError(f"{name} must have shape ({size},), one log-prob per sequence; got {tuple(x.shape)}")
-    off = torch.logsumexp(x, dim=0).abs()
-    if not off <= _normalisation_tolerance(x):
-        raise ValueError(
-            f"{name} must be the log-probabilities of a distribution (logsumexp 0), but its logsumexp is "
-            f"off by {float(off):.3g}; normalise it with {name} - torch.logsumexp({name}, 0)"
-        )
-    return x
-
-
-def _check_values(x: object, name: str, size: int) -> torch.Tensor:
-    x = check_float_tensor(x, name, ndim=1)
-    if x.shape[0] != size:
-        raise ValueError(f"{name} must have shape ({size},), one value per sequence; got {tuple(x.shape)}")
-    return x
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -185,9 +149,9 @@ def sequence_logprobs(space: SequenceSpace, table: torch.Tensor) -> torch.Tensor
     >>> sequence_logprobs(space, table).exp()  # 00, 01, 10, 11: 0.5 x 0.9, 0.5 x 0.1, ...
     tensor([0.4500, 0.0500, 0.1000, 0.4000], dtype=torch.float64)
     """
-    _check_space(space)
-    _check_table(space, table, "table")
-    return _token_logprobs(space, table).sum(-1)
+    check_space(space)
+    check_table(space, table, "table")
+    return token_logprobs_unchecked(space, table).sum(-1)
 
 
 def token_logprobs(space: SequenceSpace, table: torch.Tensor) -> torch.Tensor:
@@ -210,12 +174,12 @@ def token_logprobs(space: SequenceSpace, table: torch.Tensor) -> torch.Tensor:
     >>> token_logprobs(space, table)[1].exp()  # sequence 01: first 0, then 1 after a 0
     tensor([0.5000, 0.1000], dtype=torch.float64)
     """
-    _check_space(space)
-    _check_table(space, table, "table")
-    return _token_logprobs(space, table)
+    check_space(space)
+    check_table(space, table, "table")
+    return token_logprobs_unchecked(space, table)
 
 
-def _token_logprobs(space: SequenceSpace, table: torch.Tensor) -> torch.Tensor:
+def token_logprobs_unchecked(space: SequenceSpace, table: torch.Tensor) -> torch.Tensor:
     return table[space.prefix_ids, space.sequences]  # (V**T, T)
 
 
@@ -246,8 +210,8 @@ def next_token_logprobs(space: SequenceSpace, logprobs: torch.Tensor) -> torch.T
             [0.9000, 0.1000],
             [0.2000, 0.8000]], dtype=torch.float64)
     """
-    _check_space(space)
-    logprobs = _check_logprobs(logprobs, "logprobs", space.n_sequences)
+    check_space(space)
+    logprobs = check_logprobs(logprobs, "logprobs", space.n_sequences)
     V, T = space.vocab_size, space.length
     marginals = [logprobs]  # log p(h) for the prefixes of length T, T - 1, ..., 0
     for _ in range(T):
@@ -299,12 +263,12 @@ def sequence_kl(logp: torch.Tensor, logq: torch.Tensor) -> float:
     >>> round(sequence_kl(p, q), 4)  # 0.5 log 2 + 0.5 log(2/3)
     0.1438
     """
-    logp = _check_logprobs(logp, "logp")
-    logq = _check_logprobs(logq, "logq", logp.shape[0])
-    return _sequence_kl(logp, logq)
+    logp = check_logprobs(logp, "logp")
+    logq = check_logprobs(logq, "logq", logp.shape[0])
+    return sequence_kl_unchecked(logp, logq)
 
 
-def _sequence_kl(logp: torch.Tensor, logq: torch.Tensor) -> float:
+def sequence_kl_unchecked(logp: torch.Tensor, logq: torch.Tensor) -> float:
     return float(exact_kl(logp.view(1, 1, -1), logq.view(1, 1, -1)))  # (1, 1, V**T): one "position"
 
 
@@ -337,9 +301,9 @@ def per_position_kl(space: SequenceSpace, table: torch.Tensor, ref_table: torch.
     >>> per_position_kl(space, pi, ref)  # t = 1: 0.5 log 2 + 0.5 log(2/3) after either prefix
     tensor([0.0000, 0.1438], dtype=torch.float64)
     """
-    _check_space(space)
-    table = _check_table(space, table, "table")
-    ref_table = _check_table(space, ref_table, "ref_table")
+    check_space(space)
+    table = check_table(space, table, "table")
+    ref_table = check_table(space, ref_table, "ref_table")
     kl = exact_kl(table[None], ref_table[None])[0]  # (P,): KL of the next-token rows
     weight = _prefix_logprobs(space, table).exp()  # (P,): pi(prefix)
     terms = torch.where(weight > 0, weight * kl, torch.zeros_like(kl))  # 0 x inf = 0 for unseen prefixes
@@ -361,12 +325,12 @@ def expected_reward(logp: torch.Tensor, reward: torch.Tensor) -> float:
     >>> expected_reward(torch.tensor([0.25, 0.75]).log(), torch.tensor([0.0, 1.0]))
     0.75
     """
-    logp = _check_logprobs(logp, "logp")
-    reward = _check_values(reward, "reward", logp.shape[0])
-    return _expected_value(logp, reward)
+    logp = check_logprobs(logp, "logp")
+    reward = check_values(reward, "reward", logp.shape[0])
+    return expected_value_unchecked(logp, reward)
 
 
-def _expected_value(logp: torch.Tensor, values: torch.Tensor) -> float:
+def expected_value_unchecked(logp: torch.Tensor, values: torch.Tensor) -> float:
     return float((logp.exp() * values).sum())  # sum_y p(y) f(y); 0 where p(y) = 0
 
 # ----------------------------------------------------------------------------------------------------
@@ -393,7 +357,7 @@ def sample_sequences(logprobs: torch.Tensor, n: int, generator: torch.Generator)
     >>> sample_sequences(torch.tensor([0.0, -torch.inf]), 3, torch.Generator().manual_seed(0))
     tensor([0, 0, 0])
     """
-    logprobs = _check_logprobs(logprobs, "logprobs")
+    logprobs = check_logprobs(logprobs, "logprobs")
     n = check_positive_int(n, "n")
     generator = check_generator(generator)
     return torch.multinomial(logprobs.exp(), n, replacement=True, generator=generator)
@@ -428,8 +392,8 @@ def sample_autoregressive(
     >>> sample_autoregressive(space, table, 3, torch.Generator().manual_seed(0))  # always 1, then 0
     tensor([2, 2, 2])
     """
-    _check_space(space)
-    table = _check_table(space, table, "table")
+    check_space(space)
+    table = check_table(space, table, "table")
     n = check_positive_int(n, "n")
     generator = check_generator(generator)
     V = space.vocab_size

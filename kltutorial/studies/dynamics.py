@@ -36,8 +36,8 @@ caused by β or by the controller alone. A :class:`TrainingNoise` can also be pa
 
 Each model's one step is a function of its own (:func:`trajectory_step`, :func:`controlled_step`):
 the simulations apply it to all runs at once, and the benchmark's one-run-at-a-time baseline
-(:func:`kltutorial.bench_simulation.scalar_training_trajectory`) applies it to one number at a time, so the
-model is written once.
+(:func:`kltutorial.studies.bench_simulation.scalar_training_trajectory`) applies it to one number at a
+time, so the model is written once.
 
 Shapes: K β values (or initial β values), N seeds, and ``n_steps + 1`` recorded steps along the last
 axis (index 0 is the starting state, recorded without measurement noise).
@@ -50,10 +50,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import check_coef, check_positive, check_positive_int, check_rng
-from .controllers import KLController
+from .._validation import check_coef, check_positive, check_positive_int, check_rng
+from ..controllers import KLController
 
 __all__ = [
+    "illustrative_token_kl_patterns",
     "TrainingNoise",
     "TrainingTrajectories",
     "ControlledTraining",
@@ -564,3 +565,59 @@ def simulate_training_with_controller(
         beta=beta,
         reward=reward,
     )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Hand-made per-token KL patterns of the source handbook's section 10 (book section 10).
+#
+# **Illustrations, not measurements**: three curves drawn to show where in a response KL might
+# concentrate (a reformulated opening, a novel conclusion, spikes at specific word choices). The
+# measured per-token KL of a real policy is in :func:`kltutorial.exact.per_position_kl`, and the
+# book shows the two side by side.
+
+
+def illustrative_token_kl_patterns(
+    seq_len: int = 50, rng: np.random.Generator | None = None, noise: float = 0.15
+) -> dict[str, np.ndarray]:
+    """Three hand-made per-token KL curves (handbook §10). **Illustrations, not measurements.**
+
+    * ``"reformulated opening"``: ``2 exp(−3 i/(T−1)) + 0.1``, high KL at the first tokens;
+    * ``"novel conclusion"``: ``1.5 exp(3 (i/(T−1) − 1)) + 0.1``, high KL at the last tokens;
+    * ``"specific word choices"``: 0.2 everywhere, with spikes of height U(1.5, 3) at the
+      relative positions 0.1, 0.24, 0.46, 0.7, 0.9 of the sequence.
+
+    Each curve is multiplied by ``exp(noise · ε_i)`` with ε standard normal, so it wiggles but
+    stays positive (an exact per-token KL cannot be negative; the handbook's additive noise
+    could make it so).
+
+    Parameters
+    ----------
+    seq_len : int
+        T >= 10, number of token positions.
+    rng : numpy.random.Generator
+        Source of the spike heights and wiggles (required).
+    noise : float
+        Log-scale size of the wiggles (>= 0).
+
+    Returns
+    -------
+    dict name -> ndarray, shape (T,)
+        KL at each position (nats), every value > 0.
+    """
+    seq_len = check_positive_int(seq_len, "seq_len")
+    if seq_len < 10:
+        raise ValueError(f"seq_len: expected at least 10 positions, got {seq_len}")
+    rng = check_rng(rng)
+    noise = check_coef(noise, "noise")
+    u = np.linspace(0.0, 1.0, seq_len)  # relative position in the sequence
+    opening = 2.0 * np.exp(-3.0 * u) + 0.1
+    conclusion = 1.5 * np.exp(3.0 * (u - 1.0)) + 0.1
+    spiky = np.full(seq_len, 0.2)
+    spikes = np.round(np.array([0.1, 0.24, 0.46, 0.7, 0.9]) * (seq_len - 1)).astype(int)
+    spiky[spikes] = rng.uniform(1.5, 3.0, size=spikes.size)
+    wiggle = np.exp(noise * rng.standard_normal((3, seq_len)))
+    return {
+        "reformulated opening": opening * wiggle[0],
+        "novel conclusion": conclusion * wiggle[1],
+        "specific word choices": spiky * wiggle[2],
+    }

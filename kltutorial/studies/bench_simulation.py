@@ -1,11 +1,11 @@
 """The vectorised §10 simulation against the handbook's one-run-at-a-time loop (book section 12).
 
-:func:`simulation_benchmark` times :func:`kltutorial.simulate.simulate_training_trajectory`
+:func:`simulation_benchmark` times :func:`kltutorial.studies.dynamics.simulate_training_trajectory`
 (vectorised over β and seeds) against :func:`scalar_training_trajectory`, the handbook's loop that
 runs one (β, seed) pair at a time in plain Python (the baseline), and checks that both compute the
-same trajectories. Both run the model of :mod:`kltutorial.simulate` (its per-step function), on the
+same trajectories. Both run the model of :mod:`kltutorial.studies.dynamics` (its per-step function), on the
 same pre-drawn disturbances: what differs is only how many runs each step advances at once.
-``python -m kltutorial.bench --sim-only`` prints the result.
+``python -m kltutorial.studies.bench --sim-only`` prints the result.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ._validation import check_positive_int, check_rng
-from .simulate import (
+from .._validation import check_positive_int, check_rng
+from .dynamics import (
     TrainingTrajectories,
     draw_training_noise,
     learned_reward,
@@ -38,16 +38,17 @@ def scalar_training_trajectory(
 
     The handbook's ``simulate_training_trajectory`` loop: one β and one seed per call, one step per
     iteration, Python lists, NumPy scalar arithmetic. The model itself is
-    :func:`kltutorial.simulate.trajectory_step` and :func:`kltutorial.simulate.learned_reward`, called
-    on one number at a time; the vectorised :func:`kltutorial.simulate.simulate_training_trajectory`
-    calls the same functions on all (β, seed) pairs at once. Kept here only as the benchmark's baseline.
+    :func:`kltutorial.studies.dynamics.trajectory_step` and
+    :func:`kltutorial.studies.dynamics.learned_reward`, called on one number at a time; the vectorised
+    :func:`kltutorial.studies.dynamics.simulate_training_trajectory` calls the same functions on all
+    (β, seed) pairs at once. Kept here only as the benchmark's baseline.
 
     Parameters
     ----------
     beta : float
     kl_noise, reward_noise : ndarray, shape (n_steps,)
         The run's standard-normal disturbances ε and η (one row of a
-        :class:`~kltutorial.simulate.TrainingNoise`).
+        :class:`~kltutorial.studies.dynamics.TrainingNoise`).
     noise_scale : float
         σ, as in the simulation.
 

@@ -41,9 +41,9 @@ from typing import Literal
 
 import torch
 
-from ._validation import check_choice, check_float_tensor
-from .estimators import Estimator, get_estimator, kl_estimate
-from .sequences.space import SequenceSpace, _check_logprobs, _check_space, _check_table
+from .._validation import check_choice, check_float_tensor, check_logprobs, check_table
+from ..estimators import Estimator, get_estimator, kl_estimate
+from .space import SequenceSpace, check_space
 
 __all__ = [
     "GradientAgreement",
@@ -89,17 +89,25 @@ class GradientAgreement:
         cosine = "  -  " if math.isnan(self.cosine) else f"{self.cosine:5.3f}"
         return f"{self.max_abs_difference:8.4f}  {cosine}"
 
+    @classmethod
+    def between(cls, g: torch.Tensor, h: torch.Tensor) -> GradientAgreement:
+        """How close the gradient ``g`` is to ``h`` (any shapes with the same number of entries).
 
-def _agreement(g: torch.Tensor, h: torch.Tensor) -> GradientAgreement:
-    g, h = g.reshape(-1), h.reshape(-1)
-    ng, nh = float(g.norm()), float(h.norm())
-    scale = max(ng, nh)
-    if scale == 0 or min(ng, nh) <= _ZERO_RELATIVE_NORM * scale:
-        cosine = float("nan")
-    else:
-        cosine = float(g @ h) / (ng * nh)
-    ratio = ng / nh if nh > 0 else float("nan")
-    return GradientAgreement(float((g - h).abs().max()), cosine, ratio)
+        Examples
+        --------
+        >>> a = GradientAgreement.between(torch.tensor([1.0, 0.0]), torch.tensor([2.0, 0.0]))
+        >>> a.max_abs_difference, round(a.cosine, 6), a.norm_ratio
+        (1.0, 1.0, 0.5)
+        """
+        g, h = g.reshape(-1), h.reshape(-1)
+        ng, nh = float(g.norm()), float(h.norm())
+        scale = max(ng, nh)
+        if scale == 0 or min(ng, nh) <= _ZERO_RELATIVE_NORM * scale:
+            cosine = float("nan")
+        else:
+            cosine = float(g @ h) / (ng * nh)
+        ratio = ng / nh if nh > 0 else float("nan")
+        return cls(float((g - h).abs().max()), cosine, ratio)
 
 
 @dataclass(frozen=True)
@@ -135,10 +143,11 @@ class EstimatorGradients:
         check_choice(which, "which", ("loss", "mean"))
         check_choice(target, "target", ("reverse", "forward"))
         g = self.loss if which == "loss" else self.mean
-        return _agreement(g, self.reverse_kl if target == "reverse" else self.forward_kl)
+        return GradientAgreement.between(g, self.reverse_kl if target == "reverse" else self.forward_kl)
 
 
-def _sampled_name(estimator: object) -> str:
+def check_sampled_estimator(estimator: object) -> str:
+    """``estimator`` as given, if it is evaluated on samples (not the exact, logits-based KL)."""
     spec = get_estimator(estimator)
     if spec.needs_logits:
         raise ValueError(
@@ -214,8 +223,8 @@ def estimator_gradients(
     """
     logits = check_float_tensor(logits, "logits", ndim=1)
     ref = check_float_tensor(ref_logprobs, "ref_logprobs", ndim=1)
-    ref = _check_logprobs(ref, "ref_logprobs", logits.shape[0])
-    name = _sampled_name(estimator)
+    ref = check_logprobs(ref, "ref_logprobs", logits.shape[0])
+    name = check_sampled_estimator(estimator)
 
     def outcome_logprobs(theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logp = torch.log_softmax(theta, dim=-1)  # (Y,)
@@ -277,15 +286,15 @@ def sequence_estimator_gradients(
     >>> torch.allclose(sequence_estimator_gradients(space, theta, ref, "k2").loss, whole.reverse_kl)
     False
     """
-    _check_space(space)
+    check_space(space)
     logits = check_float_tensor(logits, "logits", ndim=2)
     want = (space.n_prefixes, space.vocab_size)
     if tuple(logits.shape) != want:
         raise ValueError(f"logits must have shape {want}, one row per prefix, got {tuple(logits.shape)}")
-    ref_table = _check_table(space, check_float_tensor(ref_table, "ref_table", ndim=2), "ref_table")
+    ref_table = check_table(space, check_float_tensor(ref_table, "ref_table", ndim=2), "ref_table")
     if not isinstance(per_token, bool):
         raise TypeError(f"per_token must be a bool, got {type(per_token).__name__}")
-    name = _sampled_name(estimator)
+    name = check_sampled_estimator(estimator)
     rows, tokens = space.prefix_ids, space.sequences  # (V**T, T) each
     ref_tokens = ref_table[rows, tokens]  # (V**T, T)
 

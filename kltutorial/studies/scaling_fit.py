@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import check_choice, check_real
+from .._validation import check_choice, check_real
 
 __all__ = ["FORMS", "GaoFit", "gao_gain", "fit_gao"]
 

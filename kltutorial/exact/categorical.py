@@ -1,9 +1,9 @@
 r"""KL divergence, entropy and cross-entropy of categorical distributions, and the optimum of a
 forward-KL penalty (book sections 1 and 2).
 
-The package's introduction to the KL divergence is in :mod:`kltutorial.divergences`. Distributions are
+The package's introduction to the KL divergence is in :mod:`kltutorial.exact`. Distributions are
 arrays of probabilities whose last axis holds the K categories; the optimum takes log-probs as
-:func:`kltutorial.sequences.optimal_policy` does, over any finite set of outcomes (N of them).
+:func:`kltutorial.exact.optimal_policy` does, over any finite set of outcomes (N of them).
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import math
 import numpy as np
 import torch
 
-from .._validation import check_choice, check_positive
-from ..sequences.space import _check_logprobs, _check_values
+from .._validation import check_choice, check_logprobs, check_positive, check_values
 
 __all__ = ["NATS_PER_BIT", "UNITS", "entropy", "cross_entropy", "kl_divergence", "forward_kl_optimal_policy"]
 
@@ -208,8 +207,8 @@ def forward_kl_optimal_policy(ref_logprobs: torch.Tensor, reward: torch.Tensor, 
     >>> forward_kl_optimal_policy(ref, torch.tensor([0.0, 1.0, 3.0], dtype=torch.float64), 1.0).exp()
     tensor([0.1667, 0.2500, 0.5833], dtype=torch.float64)
     """
-    ref_logprobs = _check_logprobs(ref_logprobs, "ref_logprobs").to(torch.float64)
-    reward = _check_values(reward, "reward", ref_logprobs.shape[0]).to(torch.float64)
+    ref_logprobs = check_logprobs(ref_logprobs, "ref_logprobs").to(torch.float64)
+    reward = check_values(reward, "reward", ref_logprobs.shape[0]).to(torch.float64)
     beta = check_positive(beta, "beta")
     inside = torch.isfinite(ref_logprobs)
     r_in = reward[inside]

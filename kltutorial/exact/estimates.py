@@ -32,12 +32,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..estimation import EstimatorMoments
+from .._validation import check_logprobs, check_table, check_values
 from ..estimators import Estimator, get_estimator, kl_estimate
 from ..logprobs import exact_kl
-from .space import SequenceSpace, _check_logprobs, _check_space, _check_table, _check_values
+from .space import SequenceSpace, check_space
 
 __all__ = [
+    "EstimatorMoments",
     "estimator_moments",
     "exact_mean_and_std",
     "sampled_token_kl",
@@ -45,6 +46,54 @@ __all__ = [
     "MonteCarloConvergence",
     "monte_carlo_convergence",
 ]
+
+
+@dataclass(frozen=True)
+class EstimatorMoments:
+    """Mean, spread and sign of one estimator against the exact KL it estimates.
+
+    Attributes
+    ----------
+    estimator : str
+        The canonical name (an alias such as ``"low_var_kl"`` is resolved to ``"k3"``).
+    kl : float
+        The exact :math:`\\mathrm{KL}(\\pi\\|\\pi_{\\mathrm{ref}})` in nats.
+    mean : float
+        :math:`\\mathbb{E}_\\pi[k]` (exact), or the sample mean.
+    std : float
+        :math:`\\sqrt{\\mathrm{Var}_\\pi[k]}` of one draw (exact), or the sample standard deviation.
+    share_negative : float
+        :math:`P_\\pi(k < 0)`, or the share of negative samples.
+    n_samples : int or None
+        ``None`` for exact moments, else the number of samples they were measured on.
+    """
+
+    estimator: str
+    kl: float
+    mean: float
+    std: float
+    share_negative: float
+    n_samples: int | None = None
+
+    @property
+    def bias(self) -> float:
+        """:math:`\\mathbb{E}[k] - \\mathrm{KL}` in nats."""
+        return self.mean - self.kl
+
+    @property
+    def relative_bias(self) -> float:
+        """bias / KL (Schulman's "bias/true"); NaN when the KL is 0."""
+        return self.bias / self.kl if self.kl > 0 else math.nan
+
+    @property
+    def relative_std(self) -> float:
+        """std / KL (Schulman's "stdev/true"); NaN when the KL is 0."""
+        return self.std / self.kl if self.kl > 0 else math.nan
+
+    @property
+    def standard_error(self) -> float:
+        """std / sqrt(n) of a sampled mean; NaN for exact moments."""
+        return self.std / math.sqrt(self.n_samples) if self.n_samples else math.nan
 
 
 def _sampled_spec(estimator: object, hint: str) -> str:
@@ -109,8 +158,8 @@ def estimator_moments(
     >>> round(m.kl, 4), round(m.std, 4), m.share_negative  # std = (log 2 - log(2/3)) / 2
     (0.1438, 0.5493, 0.5)
     """
-    logp = _check_logprobs(logp, "logp")
-    logq = _check_logprobs(logq, "logq", logp.shape[0])
+    logp = check_logprobs(logp, "logp")
+    logq = check_logprobs(logq, "logq", logp.shape[0])
     name = _sampled_spec(estimator, "the exact KL needs no estimate")
     support = torch.isfinite(logp)
     lp, lq = logp[support], logq[support]  # outcomes that can be drawn
@@ -150,8 +199,8 @@ def exact_mean_and_std(logp: torch.Tensor, values: torch.Tensor) -> tuple[float,
     >>> exact_mean_and_std(torch.tensor([0.5, 0.5]).log(), torch.tensor([0.0, 2.0]))
     (1.0, 1.0)
     """
-    logp = _check_logprobs(logp, "logp")
-    values = _check_values(values, "values", logp.shape[0])
+    logp = check_logprobs(logp, "logp")
+    values = check_values(values, "values", logp.shape[0])
     p = logp.exp()
     mean = (p * values).sum()
     var = (p * (values - mean).square()).sum()
@@ -183,7 +232,7 @@ def sampled_token_kl(
         Next-token log-probs of the policy :math:`\pi`, from which ``indices`` were drawn, and of the
         reference.
     indices : Tensor, shape (N,), int64
-        Rows of ``space.sequences`` (from :func:`~kltutorial.sequences.sample_autoregressive`;
+        Rows of ``space.sequences`` (from :func:`~kltutorial.exact.sample_autoregressive`;
         ``torch.arange(V**T)`` gives every sequence, for exact moments with :func:`exact_mean_and_std`).
     estimator : str
         The per-token estimator (``"k1"``, ``"k3"``, ...).
@@ -201,9 +250,9 @@ def sampled_token_kl(
     >>> sampled_token_kl(space, pi, ref, torch.tensor([0, 1]))  # log(0.5/0.25), log(0.5/0.75)
     tensor([ 0.6931, -0.4055], dtype=torch.float64)
     """
-    _check_space(space)
-    table = _check_table(space, table, "table")
-    ref_table = _check_table(space, ref_table, "ref_table")
+    check_space(space)
+    table = check_table(space, table, "table")
+    ref_table = check_table(space, ref_table, "ref_table")
     indices = _check_indices(space, indices)
     name = _sampled_spec(estimator, "for the exact per-position KL use rao_blackwell_kl")
     rows, tokens = space.prefix_ids[indices], space.sequences[indices]  # (N, T) each
@@ -224,7 +273,7 @@ def rao_blackwell_kl(
 
     An unbiased estimate of the sequence KL, not the sequence KL itself: its mean under
     :math:`y \sim \pi` is the chain rule's :math:`\sum_t \mathbb{E}_{y_{<t}}\mathrm{KL}_t` (see
-    :func:`~kltutorial.sequences.per_position_kl`). Each term is the conditional mean, given the prefix,
+    :func:`~kltutorial.exact.per_position_kl`). Each term is the conditional mean, given the prefix,
     of the sampled term :math:`\Delta_t` of :func:`sampled_token_kl` (Rao–Blackwellisation, position by
     position), so no term varies more than the one it replaces; the variance of the sum also holds
     covariances between positions, and is smaller in the usual case but not always
@@ -251,9 +300,9 @@ def rao_blackwell_kl(
     >>> rao_blackwell_kl(space, pi, ref, torch.tensor([0, 1]))  # 0 + 0.1438 whatever the tokens
     tensor([0.1438, 0.1438], dtype=torch.float64)
     """
-    _check_space(space)
-    table = _check_table(space, table, "table")
-    ref_table = _check_table(space, ref_table, "ref_table")
+    check_space(space)
+    table = check_table(space, table, "table")
+    ref_table = check_table(space, ref_table, "ref_table")
     indices = _check_indices(space, indices)
     row_kl = exact_kl(table[None], ref_table[None])[0]  # (P,): KL of each pair of next-token rows
     return row_kl[space.prefix_ids[indices]].sum(-1)  # (N,)

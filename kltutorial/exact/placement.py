@@ -13,7 +13,7 @@ Two ways to penalise :math:`\mathrm{KL}(\pi_\theta\|\pi_{\mathrm{ref}})` while m
   ``actor.use_kl_loss``): the reward is the score alone, and :math:`\beta\,k(\Delta_t)` is added to the
   per-token loss and differentiated by autograd through :math:`\log\pi_\theta` (:func:`grpo_style_loss`).
 
-On a sequence space small enough to list (:class:`~kltutorial.sequences.SequenceSpace`) both losses are
+On a sequence space small enough to list (:class:`~kltutorial.exact.SequenceSpace`) both losses are
 computed as **exact expectations** over :math:`y\sim\pi_\theta`, the weights :math:`\pi_\theta(y)` held
 fixed as a sampler's are, so that autograd of either gives its expected gradient with no sampling noise.
 :func:`penalty_gradients` gives what to set them against: the gradients of the sequence-level KLs and of
@@ -37,10 +37,19 @@ from typing import Literal
 
 import torch
 
-from ._validation import _as_real, check_choice, check_coef, check_float_tensor, check_mask, check_same_shape
-from .estimators import Estimator, kl_estimate
-from .gradients import GradientAgreement, _agreement, _sampled_name
-from .sequences.space import SequenceSpace, _check_space, _check_table, _check_values
+from .._validation import (
+    as_real,
+    check_choice,
+    check_coef,
+    check_float_tensor,
+    check_mask,
+    check_same_shape,
+    check_table,
+    check_values,
+)
+from ..estimators import Estimator, kl_estimate
+from .gradients import GradientAgreement, check_sampled_estimator
+from .space import SequenceSpace, check_space
 
 __all__ = [
     "gae_advantages",
@@ -56,7 +65,7 @@ Critic = Literal["exact", "none"]
 
 
 def _check_unit(x: object, name: str) -> float:
-    v = _as_real(x, name)
+    v = as_real(x, name)
     if not 0.0 <= v <= 1.0:
         raise ValueError(f"{name} must be a number in [0, 1], got {v}")
     return v
@@ -143,19 +152,19 @@ def gae_advantages(
 def _check_problem(
     space: object, logits: object, ref_table: object | None, scores: object | None = None
 ) -> tuple[SequenceSpace, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    space = _check_space(space)
+    space = check_space(space)
     logits = check_float_tensor(logits, "logits", ndim=2)
     want = (space.n_prefixes, space.vocab_size)
     if tuple(logits.shape) != want:
         raise ValueError(f"logits must have shape {want}, one row per prefix, got {tuple(logits.shape)}")
     if ref_table is not None:
-        ref_table = _check_table(space, check_float_tensor(ref_table, "ref_table", ndim=2), "ref_table")
+        ref_table = check_table(space, check_float_tensor(ref_table, "ref_table", ndim=2), "ref_table")
     if scores is not None:
-        scores = _check_values(scores, "scores", space.n_sequences)
+        scores = check_values(scores, "scores", space.n_sequences)
     return space, logits, ref_table, scores
 
 
-def _token_logprobs(space: SequenceSpace, logits: torch.Tensor) -> torch.Tensor:
+def token_logprobs_unchecked(space: SequenceSpace, logits: torch.Tensor) -> torch.Tensor:
     """log π_θ(y_t | y_<t) of every listed sequence, shape (V**T, T), differentiable in the logits."""
     return torch.log_softmax(logits, dim=-1)[space.prefix_ids, space.sequences]
 
@@ -271,7 +280,7 @@ def score_gradient(space: SequenceSpace, logits: torch.Tensor, scores: torch.Ten
     """
     space, logits, _, scores = _check_problem(space, logits, None, scores)
     theta = logits.detach().clone().requires_grad_(True)
-    p = _token_logprobs(space, theta).sum(-1).exp()  # (V**T,)
+    p = token_logprobs_unchecked(space, theta).sum(-1).exp()  # (V**T,)
     return torch.autograd.grad((p * scores).sum(), theta)[0]
 
 
@@ -338,10 +347,10 @@ def ppo_style_loss(
     """
     space, logits, ref_table, scores = _check_problem(space, logits, ref_table, scores)
     beta = check_coef(beta, "beta")
-    name = _sampled_name(estimator)
+    name = check_sampled_estimator(estimator)
     lam = _check_unit(lam, "lam")
     check_choice(critic, "critic", ("exact", "none"))
-    per_tok = _token_logprobs(space, logits)  # (V**T, T)
+    per_tok = token_logprobs_unchecked(space, logits)  # (V**T, T)
     ref_tok = ref_table[space.prefix_ids, space.sequences]
     weights = per_tok.sum(-1).exp().detach()  # π(y), the sampler's: fixed
     with torch.no_grad():
@@ -405,8 +414,8 @@ def grpo_style_loss(
     """
     space, logits, ref_table, scores = _check_problem(space, logits, ref_table, scores)
     beta = check_coef(beta, "beta")
-    name = _sampled_name(estimator)
-    per_tok = _token_logprobs(space, logits)  # (V**T, T)
+    name = check_sampled_estimator(estimator)
+    per_tok = token_logprobs_unchecked(space, logits)  # (V**T, T)
     ref_tok = ref_table[space.prefix_ids, space.sequences]
     logp = per_tok.sum(-1)  # (V**T,)
     weights = logp.exp().detach()
@@ -426,4 +435,4 @@ def compare_gradients(g: torch.Tensor, h: torch.Tensor) -> GradientAgreement:
     g = check_float_tensor(g, "g")
     h = check_float_tensor(h, "h")
     check_same_shape(g, "g", h, "h")
-    return _agreement(g, h)
+    return GradientAgreement.between(g, h)

@@ -1,7 +1,7 @@
 r"""One-dimensional Gaussians and Gaussian mixtures: the closed-form KL, KL by quadrature on a fixed
 grid, and the forward and reverse fits of one Gaussian to a mixture (book section 2).
 
-The package's introduction to the KL divergence is in :mod:`kltutorial.divergences`. Everything is in
+The package's introduction to the KL divergence is in :mod:`kltutorial.exact`. Everything is in
 float64 and deterministic: the quadrature grid is fixed, and the reverse fit (L-BFGS, then Newton steps)
 starts where it is told.
 

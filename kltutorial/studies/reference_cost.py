@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ._validation import check_generator, check_positive, check_positive_int, check_token_ids
+from .._validation import check_generator, check_positive, check_positive_int, check_token_ids
 
 __all__ = ["LoRABigram", "ReuseCheck", "reference_reuse_check"]
 

@@ -2,7 +2,7 @@ r"""Where a per-token KL penalty in the loss stops the policy: the exact fixed p
 
 With the KL in the reward and k1, the expected gradient is :math:`\nabla(\mathbb{E}[s] - \beta\,
 \mathrm{KL}(\pi\|\pi_\mathrm{ref}))` and it vanishes at :math:`\pi^*_\beta(y) \propto \pi_\mathrm{ref}(y)\,
-e^{s(y)/\beta}` (:func:`~kltutorial.sequences.optimal_policy`). With a per-token penalty **in the loss**
+e^{s(y)/\beta}` (:func:`~kltutorial.exact.optimal_policy`). With a per-token penalty **in the loss**
 (GRPO and its variants) the expected gradient at a prefix :math:`h` reached with positive probability is
 :math:`\pi(h)` times
 
@@ -43,8 +43,8 @@ from typing import Literal
 
 import torch
 
-from .._validation import check_choice, check_positive
-from .space import SequenceSpace, _check_space, _check_table, _check_values
+from .._validation import check_choice, check_positive, check_table, check_values
+from .space import SequenceSpace, check_space
 
 __all__ = ["PER_TOKEN_DIVERGENCES", "per_token_fixed_point"]
 
@@ -134,9 +134,9 @@ def per_token_fixed_point(
     >>> bool(torch.allclose(p * (s - (p * s).sum()), 1.0 * (p - 0.5)))
     True
     """
-    space = _check_space(space)
-    ref_table = _check_table(space, ref_table, "ref_table")
-    scores = _check_values(scores, "scores", space.n_sequences).to(ref_table.dtype)
+    space = check_space(space)
+    ref_table = check_table(space, ref_table, "ref_table")
+    scores = check_values(scores, "scores", space.n_sequences).to(ref_table.dtype)
     coef = check_positive(coef, "coef")
     check_choice(divergence, "divergence", PER_TOKEN_DIVERGENCES)
     solve = _reverse_rows if divergence == "reverse" else _forward_rows

@@ -3,7 +3,7 @@ r"""The optimum of the KL-penalised objective and best-of-n, exactly (book secti
 Both are distributions built from :math:`\pi_\mathrm{ref}` and a reward over a listed space: the
 closed-form optimum :math:`\pi^*_\beta \propto \pi_\mathrm{ref}\, e^{r/\beta}` with its reward–KL
 frontier, and the distribution of the best of n draws. They work for any finite distribution (tensors of
-V**T log-probs); the package's introduction is in :mod:`kltutorial.sequences`. K is the number of β values.
+V**T log-probs); the package's introduction is in :mod:`kltutorial.exact`. K is the number of β values.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .._validation import check_positive, check_positive_int
-from .space import _check_logprobs, _check_values, _expected_value, _sequence_kl
+from .._validation import check_betas, check_logprobs, check_positive, check_positive_int, check_values
+from .space import expected_value_unchecked, sequence_kl_unchecked
 
 __all__ = ["Frontier", "optimal_policy", "optimal_frontier", "best_of_n_logprobs", "best_of_n_kl_bound"]
 
@@ -40,16 +40,6 @@ class Frontier:
     kl: np.ndarray
     reward: np.ndarray
     measures: dict[str, np.ndarray] = field(default_factory=dict)
-
-
-def _check_betas(betas: object) -> np.ndarray:
-    try:
-        arr = np.asarray(betas, dtype=float).reshape(-1)
-    except (TypeError, ValueError):
-        raise TypeError(f"betas must be a sequence of numbers, got {type(betas).__name__}") from None
-    if arr.size == 0 or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-        raise ValueError(f"betas must be a non-empty sequence of finite numbers > 0, got {betas!r}")
-    return arr
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -86,13 +76,13 @@ def optimal_policy(ref_logprobs: torch.Tensor, reward: torch.Tensor, beta: float
     >>> optimal_policy(ref, torch.tensor([1.0, 3.0], dtype=torch.float64).log(), beta=1.0).exp()
     tensor([0.2500, 0.7500], dtype=torch.float64)
     """
-    ref_logprobs = _check_logprobs(ref_logprobs, "ref_logprobs")
-    reward = _check_values(reward, "reward", ref_logprobs.shape[0])
+    ref_logprobs = check_logprobs(ref_logprobs, "ref_logprobs")
+    reward = check_values(reward, "reward", ref_logprobs.shape[0])
     beta = check_positive(beta, "beta")
-    return _optimal_policy(ref_logprobs, reward, beta)
+    return optimal_policy_unchecked(ref_logprobs, reward, beta)
 
 
-def _optimal_policy(ref_logprobs: torch.Tensor, reward: torch.Tensor, beta: float) -> torch.Tensor:
+def optimal_policy_unchecked(ref_logprobs: torch.Tensor, reward: torch.Tensor, beta: float) -> torch.Tensor:
     logits = ref_logprobs + reward / beta  # log pi_ref + r / beta
     return logits - torch.logsumexp(logits, 0)  # - log Z_beta
 
@@ -130,21 +120,21 @@ def optimal_frontier(
     >>> f.reward.round(4), f.kl.round(4)  # pi* = (1/4, 3/4): E r = 0.75 log 3, KL = 0.1308
     (array([0.824]), array([0.1308]))
     """
-    ref_logprobs = _check_logprobs(ref_logprobs, "ref_logprobs")
+    ref_logprobs = check_logprobs(ref_logprobs, "ref_logprobs")
     size = ref_logprobs.shape[0]
-    reward = _check_values(reward, "reward", size)
-    betas = _check_betas(betas)
+    reward = check_values(reward, "reward", size)
+    betas = check_betas(betas)
     measures = dict(measures or {})
     for name, values in measures.items():
-        _check_values(values, f"measures[{name!r}]", size)
+        check_values(values, f"measures[{name!r}]", size)
     kl, expected = [], []
     extra: dict[str, list[float]] = {name: [] for name in measures}
     for beta in betas:
-        logp = _optimal_policy(ref_logprobs, reward, float(beta))
-        kl.append(_sequence_kl(logp, ref_logprobs))
-        expected.append(_expected_value(logp, reward))
+        logp = optimal_policy_unchecked(ref_logprobs, reward, float(beta))
+        kl.append(sequence_kl_unchecked(logp, ref_logprobs))
+        expected.append(expected_value_unchecked(logp, reward))
         for name, values in measures.items():
-            extra[name].append(_expected_value(logp, values))
+            extra[name].append(expected_value_unchecked(logp, values))
     return Frontier(
         betas=betas,
         kl=np.array(kl),
@@ -186,8 +176,8 @@ def best_of_n_logprobs(ref_logprobs: torch.Tensor, reward: torch.Tensor, n: int)
     >>> best_of_n_logprobs(ref, torch.tensor([0.0, 1.0], dtype=torch.float64), n=2).exp()
     tensor([0.2500, 0.7500], dtype=torch.float64)
     """
-    ref_logprobs = _check_logprobs(ref_logprobs, "ref_logprobs")
-    reward = _check_values(reward, "reward", ref_logprobs.shape[0])
+    ref_logprobs = check_logprobs(ref_logprobs, "ref_logprobs")
+    reward = check_values(reward, "reward", ref_logprobs.shape[0])
     n = check_positive_int(n, "n")
     values, group = torch.unique(reward, return_inverse=True)  # sorted ascending
     ref_p = ref_logprobs.exp()

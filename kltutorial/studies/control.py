@@ -1,8 +1,8 @@
 r"""The closed-loop study of KL controllers (book section 7): step responses, their measurements, and
 the linearised loop.
 
-**The plant is invented.** It is model 2 of :mod:`kltutorial.simulate` (the handbook's §10 toy,
-:func:`~kltutorial.simulate.controlled_step`)::
+**The plant is invented.** It is model 2 of :mod:`kltutorial.studies.dynamics` (the handbook's §10 toy,
+:func:`~kltutorial.studies.dynamics.controlled_step`)::
 
     KL_{t+1} = max(0.1, KL_t + 0.14 − 0.08 β_t KL_t + σ ε_t)
 
@@ -35,9 +35,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import check_coef, check_positive, check_positive_int, check_rng
-from .controllers import KLController
-from .simulate import controlled_step
+from .._validation import check_coef, check_positive, check_positive_int, check_rng
+from ..controllers import KLController
+from .dynamics import controlled_step
 
 __all__ = [
     "StepResponse",
@@ -53,7 +53,7 @@ __all__ = [
 
 
 def plant_push_pull() -> tuple[float, float]:
-    """The invented plant's two constants, read from :func:`~kltutorial.simulate.controlled_step`.
+    """The invented plant's two constants, read from :func:`~kltutorial.studies.dynamics.controlled_step`.
 
     Returns ``(push, pull)``: the nats gained per step at β = 0 (0.14) and the restoring force per
     unit of β·KL (0.08), so that the noise-free plant is ``KL' = KL + push − pull β KL``.

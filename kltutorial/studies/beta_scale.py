@@ -27,9 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._validation import check_positive
-from .sequences.optimum import _check_betas, _optimal_policy
-from .sequences.space import _check_logprobs, _check_values
+from .._validation import check_betas, check_logprobs, check_positive, check_values
+from ..exact.optimum import optimal_policy_unchecked
 
 __all__ = [
     "reward_scale_gap",
@@ -71,12 +70,12 @@ def reward_scale_gap(ref_logprobs: torch.Tensor, reward: torch.Tensor, beta: flo
     >>> reward_scale_gap(ref, torch.tensor([0.0, 1.0], dtype=torch.float64), beta=0.5, scale=4.0) < 1e-15
     True
     """
-    ref_logprobs = _check_logprobs(ref_logprobs, "ref_logprobs")
-    reward = _check_values(reward, "reward", ref_logprobs.shape[0])
+    ref_logprobs = check_logprobs(ref_logprobs, "ref_logprobs")
+    reward = check_values(reward, "reward", ref_logprobs.shape[0])
     beta = check_positive(beta, "beta")
     scale = check_positive(scale, "scale")
-    base = _optimal_policy(ref_logprobs, reward, beta)
-    scaled = _optimal_policy(ref_logprobs, scale * reward, scale * beta)
+    base = optimal_policy_unchecked(ref_logprobs, reward, beta)
+    scaled = optimal_policy_unchecked(ref_logprobs, scale * reward, scale * beta)
     finite = base > -torch.inf
     return float((scaled[finite] - base[finite]).abs().max())
 
@@ -110,8 +109,8 @@ def normalise_reward(ref_logprobs: torch.Tensor, reward: torch.Tensor) -> tuple[
     >>> r, mu, sigma
     (tensor([-1.,  1.], dtype=torch.float64), 2.0, 1.0)
     """
-    ref_logprobs = _check_logprobs(ref_logprobs, "ref_logprobs")
-    reward = _check_values(reward, "reward", ref_logprobs.shape[0])
+    ref_logprobs = check_logprobs(ref_logprobs, "ref_logprobs")
+    reward = check_values(reward, "reward", ref_logprobs.shape[0])
     p = ref_logprobs.exp()
     mean = float((p * reward).sum())
     std = float((p * (reward - mean) ** 2).sum().sqrt())
@@ -202,8 +201,8 @@ def max_kl(ref_logprobs: torch.Tensor, reward: torch.Tensor) -> float:
     >>> round(max_kl(ref, torch.tensor([0.0, 1.0], dtype=torch.float64)), 4)  # log 4
     1.3863
     """
-    ref_logprobs = _check_logprobs(ref_logprobs, "ref_logprobs")
-    reward = _check_values(reward, "reward", ref_logprobs.shape[0])
+    ref_logprobs = check_logprobs(ref_logprobs, "ref_logprobs")
+    reward = check_values(reward, "reward", ref_logprobs.shape[0])
     support = ref_logprobs > -torch.inf
     top = support & (reward == reward[support].max())
     return -float(torch.logsumexp(ref_logprobs[top], 0))
@@ -284,7 +283,7 @@ def summarize_sweep(
     >>> s.peak_beta, s.beta_window()
     (1.0, (1.0, 2.0))
     """
-    b = _check_betas(betas)
+    b = check_betas(betas)
     if np.unique(b).size != b.size:
         raise ValueError("betas must be distinct")
     arrays = []

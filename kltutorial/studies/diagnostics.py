@@ -1,0 +1,413 @@
+r"""The §12 study of the log line: its exact expectation on a listable space, samplers that are not the
+policy, and where the KL sits along a sequence (book section 12).
+
+1. :func:`expected_log_stats` gives the numbers of :func:`kltutorial.monitoring.kl_log_stats` *exactly*,
+   as sums over every sequence of a listable space (:mod:`kltutorial.exact`), for sequences drawn from any
+   sampler.
+2. **Samplers that are not the policy.** The sampled estimates are unbiased only for tokens drawn from the
+   policy whose log-probs they use. Decoding settings change the distribution the tokens come from:
+   :func:`top_k_logprobs`, :func:`top_p_logprobs` and :func:`temperature_logprobs` act on next-token rows,
+   shape (..., V), as generation libraries do; :func:`ban_token_logprobs` (a minimum length bans the end
+   token) and :func:`force_token_logprobs` (a forced end token) act at chosen positions of a next-token
+   table through :func:`at_positions`.
+3. **Where the KL sits.** :class:`TokenKLTable` holds, for sampled sequences, each token's k1 and the
+   exact KL of the next-token distributions at its prefix; :func:`token_kl_table` builds it on a
+   listable space.
+
+Shapes: B batch (sequences), T positions, V vocabulary, P prefixes (rows of a next-token table),
+V**T sequences.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .._validation import check_float_tensor, check_positions_mask, check_positive, check_positive_int
+from ..exact import SequenceSpace, sequence_logprobs, token_logprobs
+from ..logprobs import exact_kl
+from ..monitoring import KLLogStats, sequence_k1_k3
+
+__all__ = [
+    "expected_log_stats",
+    "TokenKLTable",
+    "token_kl_table",
+    "top_k_logprobs",
+    "top_p_logprobs",
+    "temperature_logprobs",
+    "ban_token_logprobs",
+    "force_token_logprobs",
+    "at_positions",
+]
+
+
+def _check_rows(logprobs: object, name: str = "logprobs") -> torch.Tensor:
+    return check_float_tensor(logprobs, name, allow_inf=True)
+
+
+def _renormalise(logprobs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    kept = torch.where(keep, logprobs, torch.full_like(logprobs, -math.inf))
+    return kept - torch.logsumexp(kept, dim=-1, keepdim=True)
+
+
+def top_k_logprobs(logprobs: torch.Tensor, k: int) -> torch.Tensor:
+    """Top-k sampling's distribution: the ``k`` most likely tokens of each row, renormalised.
+
+    .. math:: q(v) = \\frac{p(v)\\,[v \\in \\mathrm{top}_k(p)]}{\\sum_{u \\in \\mathrm{top}_k(p)} p(u)}
+
+    Ties at the k-th place keep every tied token (Hugging Face's ``TopKLogitsWarper`` keeps the
+    tokens whose logit is at least the k-th largest, so it does the same).
+
+    Parameters
+    ----------
+    logprobs : Tensor, shape (..., V)
+    k : int
+        k >= 1; k >= V returns the rows unchanged.
+
+    Returns
+    -------
+    Tensor, shape (..., V)
+
+    Examples
+    --------
+    >>> top_k_logprobs(torch.tensor([0.5, 0.3, 0.2]).log(), 2).exp()
+    tensor([0.6250, 0.3750, 0.0000])
+    """
+    logprobs = _check_rows(logprobs)
+    k = check_positive_int(k, "k")
+    if k >= logprobs.shape[-1]:
+        return logprobs
+    kth = torch.topk(logprobs, k, dim=-1).values[..., -1:]  # (..., 1)
+    return _renormalise(logprobs, logprobs >= kth)
+
+
+def top_p_logprobs(logprobs: torch.Tensor, p: float) -> torch.Tensor:
+    """Nucleus (top-p) sampling's distribution: the smallest set of most likely tokens with mass >= p.
+
+    A token is kept when the mass of the tokens strictly more likely than it is below ``p`` (so the most
+    likely token is always kept), as Holtzman et al. (2020) define the nucleus; the kept tokens are
+    renormalised.
+
+    Parameters
+    ----------
+    logprobs : Tensor, shape (..., V)
+    p : float
+        In (0, 1]; 1 returns the rows unchanged.
+
+    Returns
+    -------
+    Tensor, shape (..., V)
+
+    Examples
+    --------
+    >>> top_p_logprobs(torch.tensor([0.5, 0.3, 0.2]).log(), 0.7).exp()  # 0.5 < 0.7, 0.8 >= 0.7
+    tensor([0.6250, 0.3750, 0.0000])
+    """
+    logprobs = _check_rows(logprobs)
+    p = check_positive(p, "p")
+    if p > 1:
+        raise ValueError(f"p must lie in (0, 1], got {p}")
+    if p == 1:
+        return logprobs
+    sorted_lp, order = torch.sort(logprobs, dim=-1, descending=True)
+    before = torch.cumsum(sorted_lp.exp(), dim=-1) - sorted_lp.exp()  # mass of the more likely tokens
+    keep_sorted = before < p
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    return _renormalise(logprobs, keep)
+
+
+def temperature_logprobs(logprobs: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Sampling at a temperature: :math:`q(v) \\propto p(v)^{1/\\tau}`, i.e. ``log_softmax(logits / tau)``.
+
+    Parameters
+    ----------
+    logprobs : Tensor, shape (..., V)
+        Log-probs (or logits: the result is the same).
+    temperature : float
+        :math:`\\tau > 0`; 1 returns the rows renormalised and otherwise unchanged.
+
+    Returns
+    -------
+    Tensor, shape (..., V)
+
+    Examples
+    --------
+    >>> temperature_logprobs(torch.tensor([0.8, 0.2]).log(), 0.5).exp()  # 0.64 : 0.04
+    tensor([0.9412, 0.0588])
+    """
+    logprobs = _check_rows(logprobs)
+    temperature = check_positive(temperature, "temperature")
+    return torch.log_softmax(logprobs / temperature, dim=-1)
+
+
+def _check_token(token: object, vocab_size: int) -> int:
+    if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not 0 <= token < vocab_size:
+        raise ValueError(f"token must be an int in [0, {vocab_size}) (a token id), got {token!r}")
+    return int(token)
+
+
+def ban_token_logprobs(logprobs: torch.Tensor, token: int) -> torch.Tensor:
+    """The rows with one token made impossible and the rest renormalised, as a minimum length bans the
+    end token: :math:`q(v) = p(v)\\,[v \\ne e] / (1 - p(e))`.
+
+    Parameters
+    ----------
+    logprobs : Tensor, shape (..., V)
+    token : int
+        The banned token e.
+
+    Returns
+    -------
+    Tensor, shape (..., V)
+
+    Examples
+    --------
+    >>> ban_token_logprobs(torch.tensor([0.5, 0.3, 0.2]).log(), 0).exp()
+    tensor([0.0000, 0.6000, 0.4000])
+    """
+    logprobs = _check_rows(logprobs)
+    token = _check_token(token, logprobs.shape[-1])
+    keep = torch.ones_like(logprobs, dtype=torch.bool)
+    keep[..., token] = False
+    if not (torch.isfinite(logprobs) & keep).any(-1).all():
+        raise ValueError(f"a row puts all its mass on token {token}: banning it leaves nothing to sample")
+    return _renormalise(logprobs, keep)
+
+
+def force_token_logprobs(logprobs: torch.Tensor, token: int) -> torch.Tensor:
+    """Rows that always produce one token, as a generator that appends a forced end token:
+    :math:`q(v) = [v = e]`.
+
+    Parameters
+    ----------
+    logprobs : Tensor, shape (..., V)
+        Used for its shape and dtype.
+    token : int
+        The forced token e.
+
+    Returns
+    -------
+    Tensor, shape (..., V)
+        0 at ``token``, ``-inf`` elsewhere.
+
+    Examples
+    --------
+    >>> force_token_logprobs(torch.zeros(3), 1).exp()
+    tensor([0., 1., 0.])
+    """
+    logprobs = _check_rows(logprobs)
+    token = _check_token(token, logprobs.shape[-1])
+    out = torch.full_like(logprobs, -math.inf)
+    out[..., token] = 0.0
+    return out
+
+
+def at_positions(
+    space: SequenceSpace, table: torch.Tensor, positions: Sequence[int], other: torch.Tensor
+) -> torch.Tensor:
+    """A next-token table that follows ``other`` at the given positions and ``table`` everywhere else.
+
+    Position t uses the rows of the prefixes of length t, ``space.offsets[t]`` to
+    ``space.offsets[t + 1] - 1``. So ``at_positions(space, pi, [0, 1], ban_token_logprobs(pi, e))`` is
+    the policy with token e banned at the first two positions (a minimum length of 2, e the end token),
+    and ``at_positions(space, pi, [0], ref)`` draws the first token from the reference (a prompt from
+    the data) and the rest from the policy.
+
+    Parameters
+    ----------
+    space : SequenceSpace
+    table, other : Tensor, shape (P, V)
+    positions : sequence of int
+        Each in [0, T).
+
+    Returns
+    -------
+    Tensor, shape (P, V)
+        A new tensor.
+
+    Examples
+    --------
+    >>> space = SequenceSpace(vocab_size=2, length=2)
+    >>> at_positions(space, torch.zeros(3, 2), [1], torch.ones(3, 2))  # rows 1, 2: length-1 prefixes
+    tensor([[0., 0.],
+            [1., 1.],
+            [1., 1.]])
+    """
+    if not isinstance(space, SequenceSpace):
+        raise TypeError(f"space must be a SequenceSpace, got {type(space).__name__}")
+    table = check_float_tensor(table, "table", ndim=2, allow_inf=True)
+    other = check_float_tensor(other, "other", ndim=2, allow_inf=True)
+    want = (space.n_prefixes, space.vocab_size)
+    for name, x in (("table", table), ("other", other)):
+        if tuple(x.shape) != want:
+            raise ValueError(f"{name} must have shape {want}, one row per prefix; got {tuple(x.shape)}")
+    out = table.clone()
+    for t in positions:
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < space.length:
+            raise ValueError(f"positions must be ints in [0, {space.length}), got {t!r}")
+        rows = slice(space.offsets[t], space.offsets[t + 1])
+        out[rows] = other[rows]
+    return out
+
+
+def expected_log_stats(
+    space: SequenceSpace,
+    policy_table: torch.Tensor,
+    reference_table: torch.Tensor,
+    sampler_table: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+) -> KLLogStats:
+    """The exact expectation of :func:`kl_log_stats` for sequences drawn from a sampler, by enumeration.
+
+    .. math::
+        \\mathbb{E}_{y \\sim q}\\Big[\\sum_t m_t\\, k(\\Delta_t(y))\\Big]
+        = \\sum_{y} q(y) \\sum_t m_t\\, k(\\Delta_t(y))
+
+    The log-probs come from the policy :math:`\\pi` and the reference; the sequences from the sampler
+    :math:`q`. With :math:`q = \\pi` and every position counted, the k1 and k3 means both equal
+    :math:`\\mathrm{KL}(\\pi \\| \\pi_\\mathrm{ref})`. With another sampler the k1 mean is
+    :math:`\\mathrm{KL}(q \\| \\pi_\\mathrm{ref}) - \\mathrm{KL}(q \\| \\pi)`, which can be anything, negative
+    included (:math:`-\\mathrm{KL}(\\pi_\\mathrm{ref} \\| \\pi)` for :math:`q = \\pi_\\mathrm{ref}`).
+
+    Parameters
+    ----------
+    space : SequenceSpace
+    policy_table, reference_table : Tensor, shape (P, V)
+        Next-token log-probs of :math:`\\pi` and :math:`\\pi_\\mathrm{ref}`, one row per prefix.
+    sampler_table : Tensor, shape (P, V), optional
+        Next-token log-probs of the sampler :math:`q` (default: the policy).
+    mask : Tensor, shape (T,), optional
+        The positions that count (default: all).
+
+    Returns
+    -------
+    KLLogStats
+        Standard errors 0, ``n`` None; the shares are probabilities under :math:`q`, the maximum is over
+        the sequences :math:`q` can produce.
+
+    Examples
+    --------
+    One position, two tokens; the policy says (0.5, 0.5), the reference (0.25, 0.75):
+
+    >>> space = SequenceSpace(vocab_size=2, length=1)
+    >>> pi = torch.tensor([[0.5, 0.5]], dtype=torch.float64).log()
+    >>> ref = torch.tensor([[0.25, 0.75]], dtype=torch.float64).log()
+    >>> round(expected_log_stats(space, pi, ref).k1, 4)  # KL(pi || ref) = 0.5 log 2 + 0.5 log(2/3)
+    0.1438
+    >>> round(expected_log_stats(space, pi, ref, sampler_table=ref).k1, 4)  # -KL(ref || pi)
+    -0.1308
+    """
+    if not isinstance(space, SequenceSpace):
+        raise TypeError(f"space must be a SequenceSpace, got {type(space).__name__}")
+    lp = token_logprobs(space, policy_table)  # (V**T, T), checks the table
+    lq = token_logprobs(space, reference_table)
+    if sampler_table is None:
+        sampler_table = policy_table
+    q = sequence_logprobs(space, sampler_table).exp()  # (V**T,)
+    m = check_positions_mask(mask, (space.n_sequences, space.length))
+    support = q > 0
+    # where q(y) = 0 a log-prob may be -inf; those sequences count for nothing, so give them Delta = 0
+    log_ratio = torch.where(support[:, None], lp - lq, torch.zeros_like(lp)).to(torch.float64)
+    if not torch.isfinite(log_ratio).all():
+        raise ValueError(
+            "the sampler draws a sequence that the policy or the reference cannot produce, so its "
+            "log-ratio is infinite; the expected estimates are not finite"
+        )
+    k1, k3 = sequence_k1_k3(log_ratio, m)  # (V**T,) each
+    q = q.to(torch.float64)
+    n_masked = int(m[0].sum())
+    negative_tokens = ((log_ratio < 0) & m).double().sum(-1)  # (V**T,)
+    return KLLogStats(
+        k1=float((q * k1).sum()),
+        k3=float((q * k3).sum()),
+        k1_se=0.0,
+        k3_se=0.0,
+        gap_se=0.0,
+        negative_sequences=float(q[k1 < 0].sum()),
+        negative_tokens=float((q * negative_tokens).sum()) / n_masked if n_masked else math.nan,
+        max_sequence_k1=float(k1[support].max()),
+        n=None,
+    )
+
+
+@dataclass(frozen=True)
+class TokenKLTable:
+    """Per-token KL of sampled sequences: one row per sequence, one column per position.
+
+    Attributes
+    ----------
+    tokens : Tensor, shape (B, T), int64
+        The sampled tokens.
+    k1 : Tensor, shape (B, T)
+        :math:`\\log\\pi(y_t \\mid y_{<t}) - \\log\\pi_\\mathrm{ref}(y_t \\mid y_{<t})`, what a trainer logs.
+    kl : Tensor, shape (B, T)
+        :math:`\\mathrm{KL}(\\pi(\\cdot \\mid y_{<t}) \\| \\pi_\\mathrm{ref}(\\cdot \\mid y_{<t}))`, the
+        exact KL of the next-token distributions at the token's prefix (the mean of k1 given the
+        prefix).
+    """
+
+    tokens: torch.Tensor
+    k1: torch.Tensor
+    kl: torch.Tensor
+
+    @property
+    def sequence_k1(self) -> torch.Tensor:
+        """Per-sequence sums of k1, shape (B,)."""
+        return self.k1.sum(-1)
+
+    @property
+    def sequence_kl(self) -> torch.Tensor:
+        """Per-sequence sums of the exact next-token KL, shape (B,)."""
+        return self.kl.sum(-1)
+
+    def sorted(self) -> TokenKLTable:
+        """The rows in decreasing order of their k1 sum (stable for ties)."""
+        order = torch.sort(self.sequence_k1, descending=True, stable=True).indices
+        return TokenKLTable(tokens=self.tokens[order], k1=self.k1[order], kl=self.kl[order])
+
+
+def token_kl_table(
+    space: SequenceSpace, policy_table: torch.Tensor, reference_table: torch.Tensor, indices: torch.Tensor
+) -> TokenKLTable:
+    """The :class:`TokenKLTable` of the sequences ``space.sequences[indices]``.
+
+    Parameters
+    ----------
+    space : SequenceSpace
+    policy_table, reference_table : Tensor, shape (P, V)
+    indices : Tensor, shape (B,), int64
+        Rows of ``space.sequences`` (e.g. from :func:`kltutorial.exact.sample_autoregressive`).
+
+    Returns
+    -------
+    TokenKLTable
+
+    Examples
+    --------
+    >>> space = SequenceSpace(vocab_size=2, length=2)
+    >>> pi = torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]], dtype=torch.float64).log()
+    >>> ref = torch.tensor([[0.5, 0.5], [0.25, 0.75], [0.75, 0.25]], dtype=torch.float64).log()
+    >>> table = token_kl_table(space, pi, ref, torch.tensor([1]))  # the sequence 0 1
+    >>> table.k1  # log 0.5 - log 0.5, then log 0.5 - log 0.75
+    tensor([[ 0.0000, -0.4055]], dtype=torch.float64)
+    >>> table.kl  # 0 at the empty prefix; 0.5 log 2 + 0.5 log(2/3) after "0"
+    tensor([[0.0000, 0.1438]], dtype=torch.float64)
+    """
+    if not isinstance(space, SequenceSpace):
+        raise TypeError(f"space must be a SequenceSpace, got {type(space).__name__}")
+    lp = token_logprobs(space, policy_table)  # (V**T, T), checks the tables
+    lq = token_logprobs(space, reference_table)
+    if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int64 or indices.dim() != 1:
+        raise TypeError("indices must be a 1-d int64 tensor of sequence indices")
+    if indices.numel() == 0 or int(indices.min()) < 0 or int(indices.max()) >= space.n_sequences:
+        raise ValueError(f"indices must be non-empty and lie in [0, {space.n_sequences})")
+    row_kl = exact_kl(policy_table[None], reference_table[None])[0]  # (P,): KL of each next-token row
+    return TokenKLTable(
+        tokens=space.sequences[indices],
+        k1=lp[indices] - lq[indices],
+        kl=row_kl[space.prefix_ids[indices]],
+    )

@@ -1,0 +1,95 @@
+"""The package's layout rules (README, "Layout"), checked on its source.
+
+* the library (``logprobs``, ``estimators``, ``objective``, ``controllers``, ``monitoring``, ``compat``
+  and the shared checks in ``_validation``) imports only the library;
+* ``exact`` imports only the library and itself, never a study, the toy experiment or the plots;
+* no module imports another module's private name (shared checks live in ``_validation``);
+* at most nine modules at the top level of the package.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "kltutorial"
+LIBRARY = {"logprobs", "estimators", "objective", "controllers", "monitoring", "compat", "_validation"}
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(absolute module, imported names) for every ``import``/``from ... import`` in ``path``."""
+    package = _module(path) if path.name == "__init__.py" else _module(path).rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.append((module, [alias.name for alias in node.names]))
+        elif isinstance(node, ast.Import):
+            found.extend((alias.name, []) for alias in node.names)
+    return found
+
+
+def _part(module: str, names: list[str]) -> set[str]:
+    """The top-level parts of the package an import reaches (``from kltutorial import x`` reaches x)."""
+    parts = module.split(".")
+    if parts[0] != "kltutorial":
+        return set()
+    return {parts[1]} if len(parts) > 1 else set(names)
+
+
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+def _ids(path: Path) -> str:
+    return str(path.relative_to(PACKAGE))
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if p.relative_to(PACKAGE).parts[0].removesuffix(".py")
+                                  in LIBRARY], ids=_ids)
+def test_the_library_imports_only_the_library(path: Path) -> None:
+    reached = set().union(*(_part(m, n) for m, n in _imports(path)))
+    assert reached <= LIBRARY, f"{path.name} imports {sorted(reached - LIBRARY)}"
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "exact").rglob("*.py")), ids=_ids)
+def test_exact_imports_no_study(path: Path) -> None:
+    reached = set().union(*(_part(m, n) for m, n in _imports(path)))
+    assert reached <= LIBRARY | {"exact"}, f"{path.name} imports {sorted(reached - LIBRARY - {'exact'})}"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_ids)
+def test_no_private_name_crosses_a_module(path: Path) -> None:
+    private = [(m, n) for m, names in _imports(path) if m.startswith("kltutorial") and m != "__future__"
+               for n in names if n.startswith("_")]
+    assert not private, f"{path.name} imports private names {private}"
+
+
+def test_at_most_nine_top_level_modules() -> None:
+    modules = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(modules) <= 9, modules
+
+
+def test_the_checks_can_fail(tmp_path: Path) -> None:
+    """The import reader sees a private name and a study imported from the library."""
+    bad = tmp_path / "kltutorial" / "estimators.py"
+    bad.parent.mkdir()
+    bad.write_text("from .studies.control import _plant\nfrom . import exact\n", encoding="utf8")
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, tmp_path / "kltutorial"
+    try:
+        found = _imports(bad)
+    finally:
+        PACKAGE = saved
+    assert found == [("kltutorial.studies.control", ["_plant"]), ("kltutorial", ["exact"])]
+    assert set().union(*(_part(m, n) for m, n in found)) == {"studies", "exact"}
