@@ -5,10 +5,12 @@ Two ways to put the penalty to work, both on log-probs of tokens sampled from th
 - :func:`shape_rewards` folds it into per-token rewards, as lm-human-preferences, TRL's PPO trainer,
   OpenRLHF and verl do: :math:`r_t = -\beta\,\mathrm{kl}_t`, with the sequence's score added at its last
   valid token. A PPO/GAE learner then sees the penalty where it was incurred.
-- :func:`compute_rlhf_objective` computes the value of the sequence-level objective
-  :math:`\mathbb{E}[r(y)] - \beta\,\mathrm{KL}` on a sampled batch and the diagnostics worth logging,
-  with the full-vocabulary KL at each position, summed along the response, next to the sampled estimate.
-  It is a value to log, not a loss: its autograd gradient is not the objective's (see its Notes).
+- :func:`compute_rlhf_objective` returns ``(loss, info)``, as Spinning Up's losses do: ``loss`` is a
+  differentiable surrogate whose expected gradient is exactly :math:`-\nabla J` for the sequence-level
+  objective :math:`J = \mathbb{E}[r(y)] - \beta\,\mathrm{KL}(\pi\|\pi_\mathrm{ref})` (REINFORCE with the
+  penalty folded into the score and a leave-one-out baseline), and ``info`` holds the numbers worth
+  logging, detached: the objective's value on the batch, the KL estimate, and the full-vocabulary KL at
+  each position, summed along the response.
 
 The KL coefficient is ``beta`` here, the book's :math:`\beta` (the libraries' ``kl_coef``; their
 signatures are in :mod:`kltutorial.compat`).
@@ -45,8 +47,8 @@ from ._validation import (
     check_scores,
     check_token_ids,
 )
-from .estimators import Estimator, _estimate, _KLInputs, get_estimator
-from .logprobs import _exact_kl_trusted, _token_logprobs_trusted
+from .estimators import Estimator, KLInputs, get_estimator
+from .logprobs import exact_kl_unchecked, logprobs_for_tokens_unchecked
 
 __all__ = ["shape_rewards", "compute_rlhf_objective", "last_valid_positions"]
 
@@ -123,14 +125,21 @@ def compute_rlhf_objective(
     attention_mask: torch.Tensor,
     beta: float,
     estimator: Estimator = "k1",
-) -> dict[str, torch.Tensor | float]:
-    r"""The value of the KL-penalised objective :math:`\mathbb{E}[r] - \beta\,\mathrm{KL}` on a batch,
-    with its diagnostics: numbers to log, not a loss (see Notes).
+) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+    r"""The KL-penalised objective :math:`J = \mathbb{E}[r] - \beta\,\mathrm{KL}` on a sampled batch, as
+    ``(loss, info)``: a loss whose gradient is :math:`-\nabla J` in expectation, and what to log.
 
     1. log-probs of the response tokens under both models
        (:func:`~kltutorial.logprobs.get_logprobs_for_tokens`);
-    2. per-token KL estimates, summed over valid tokens (:func:`~kltutorial.estimators.compute_token_kl`);
-    3. the penalised reward :math:`r - \beta\,\widehat{\mathrm{KL}}` per sequence, and its mean;
+    2. per-token KL estimates with ``estimator``, summed over valid tokens
+       (:func:`~kltutorial.estimators.compute_token_kl`), and the penalised reward
+       :math:`r - \beta\,\widehat{\mathrm{KL}}` per sequence: the objective's value, to log;
+    3. the loss, REINFORCE on the penalised score with k1 (the log-ratio) as the penalty:
+       :math:`A_b = r_b - \beta \sum_t m_{b,t} \log\frac{\pi(y_{b,t})}{\pi_\mathrm{ref}(y_{b,t})}` minus the
+       mean of the same quantity over the batch's *other* sequences (a leave-one-out baseline, so it
+       stays unbiased; none when B = 1), and
+       :math:`\mathcal{L} = -\frac1B \sum_b A_b \sum_t m_{b,t} \log \pi(y_{b,t})` with :math:`A_b` held
+       constant;
     4. :math:`\sum_t \mathrm{KL}_t`, the KL over the whole vocabulary at each valid position
        (:func:`~kltutorial.logprobs.exact_kl`), summed along the response. Each term is exact, but the
        positions are those of the sampled prefix, so the sum is itself an estimate of the sequence KL:
@@ -143,7 +152,8 @@ def compute_rlhf_objective(
     policy_logits, reference_logits : Tensor, shape (B, T, V)
         Next-token logits of the policy and the reference at each response position.
     response_tokens : Tensor, shape (B, T), integer
-        The response, **sampled from the policy**; any other tokens make the estimate meaningless.
+        The response, **sampled from the policy**; any other tokens make both the loss and the estimate
+        meaningless.
     rewards : Tensor, shape (B,)
         Reward-model scores.
     attention_mask : Tensor, shape (B, T)
@@ -151,43 +161,41 @@ def compute_rlhf_objective(
     beta : float
         :math:`\beta` >= 0.
     estimator : str
-        The per-token KL estimator, any name or alias in :data:`~kltutorial.estimators.ESTIMATORS`
-        (``"full"`` uses the logits, so its ``mean_kl`` is ``mean_exact_kl``).
+        The per-token KL estimator of the *logged* value, any name or alias in
+        :data:`~kltutorial.estimators.ESTIMATORS` (``"full"`` uses the logits, so its ``mean_kl`` is
+        ``mean_exact_kl``). The loss always uses k1 (see Notes).
 
     Returns
     -------
-    dict
-        ``objective``: the batch mean of :math:`r - \beta\,\widehat{\mathrm{KL}}` as a scalar tensor,
-        still attached to the graph of ``policy_logits`` through the KL estimate, but **not a loss**
-        (see Notes); ``mean_reward``, ``mean_kl`` (the estimate, per sequence), ``mean_exact_kl``
-        (:math:`\sum_t \mathrm{KL}_t` of step 4, per sequence), ``mean_penalized_reward`` (the value of
-        ``objective``), ``kl_penalty`` (:math:`\beta` times ``mean_kl``) as floats, and
-        ``per_token_kl`` (B, T).
+    loss : Tensor, scalar
+        :math:`\mathcal{L}` of step 3, attached to the graph of ``policy_logits``; minimise it.
+    info : dict
+        Detached numbers to log: ``objective`` (the batch mean of :math:`r - \beta\,\widehat{\mathrm{KL}}`,
+        the value of :math:`J`), ``mean_reward``, ``mean_kl`` (the estimate, per sequence),
+        ``mean_exact_kl`` (:math:`\sum_t \mathrm{KL}_t` of step 4, per sequence), ``kl_penalty``
+        (:math:`\beta` times ``mean_kl``) as floats, and ``per_token_kl`` (B, T), detached.
 
     Notes
     -----
-    **What the value is for.** ``objective`` estimates
-    :math:`J(\pi) = \mathbb{E}_{y\sim\pi}[r(y)] - \beta\,\mathrm{KL}(\pi \| \pi_{\mathrm{ref}})` on
-    the batch: log it and watch its trend. Its level sets no direction of training (a policy-gradient
-    step uses advantages, from which a baseline removes any constant).
+    **Why the loss is not the objective's value.** The tokens were sampled from :math:`\pi` and autograd
+    does not see the sampling, so the gradient of the batch mean of :math:`r - \beta\,\widehat{\mathrm{KL}}`
+    is not :math:`\nabla J`: the reward term has no gradient at all; with ``k1`` the KL term's expected
+    gradient is zero, since :math:`\mathbb{E}_{y\sim\pi}[\nabla \log \pi(y)] = 0`; with ``k3`` it is the
+    gradient of the forward :math:`\mathrm{KL}(\pi_{\mathrm{ref}} \| \pi)`. The handbook's
+    ``compute_rlhf_objective`` returned that value as ``objective`` for the trainer to differentiate;
+    here it is only logged.
 
-    **Why it is not a loss.** The tokens were sampled from :math:`\pi` and autograd does not see the
-    sampling, so the expected gradient of ``objective`` over :math:`y \sim \pi` is not
-    :math:`\nabla J`:
+    **Why the loss uses k1 whatever** ``estimator``. The policy-gradient theorem gives
+    :math:`\nabla J = \mathbb{E}_{y\sim\pi}\big[(r(y) - \beta \log\frac{\pi(y)}{\pi_\mathrm{ref}(y)})
+    \nabla\log\pi(y)\big]` (the term :math:`-\beta\,\mathbb{E}[\nabla\log\pi(y)]` vanishes), and the log-ratio
+    of the sequence is the sum of the tokens' k1. Folding k3 (or k2) into the score instead would follow
+    another gradient (book section 9). A baseline that does not depend on :math:`y_b` leaves the expected
+    gradient unchanged; the leave-one-out mean is the one RLOO uses. ``tests/test_objective.py`` checks
+    both statements exactly, by enumerating every batch of a small space.
 
-    - the reward term has no gradient at all (``rewards`` are constants);
-    - with ``k1`` the KL term's expected gradient is zero, since
-      :math:`\mathbb{E}_{y\sim\pi}[\nabla \log \pi(y)] = 0`;
-    - with ``k3`` it is the gradient of the forward :math:`\mathrm{KL}(\pi_{\mathrm{ref}} \| \pi)`, not of
-      the penalised :math:`\mathrm{KL}(\pi \| \pi_{\mathrm{ref}})`.
-
-    The gradient of :math:`J` takes a policy-gradient term for the reward,
-    :math:`\mathbb{E}_{y\sim\pi}[r(y)\,\nabla \log \pi(y)]` (REINFORCE, PPO), and for the KL either
-    the same treatment (the penalty folded into the reward, :func:`shape_rewards`) or a loss estimator
-    whose expected gradient is :math:`\nabla \mathrm{KL}(\pi \| \pi_{\mathrm{ref}})`: ``k2``, or the
-    straight-through ``k3+`` (the value of k3, the gradient of k2). Book sections 4 (estimators: value
-    and gradient) and 9 (KL in the reward or in the loss) derive both; ``tests/test_objective.py``
-    checks each statement above exactly, by enumeration.
+    **How this differs from the libraries.** TRL, OpenRLHF and verl fold the penalty into per-token rewards
+    (:func:`shape_rewards`) for a PPO learner, or add a KL term to a GRPO loss; this function is the
+    sequence-level REINFORCE form of the same objective, small enough to read in one listing.
     """
     # 0. check every input once; the helpers below trust them
     check_logits(policy_logits, "policy_logits")
@@ -203,30 +211,34 @@ def compute_rlhf_objective(
     spec = get_estimator(estimator)
 
     # 1. log-probs of the sampled tokens (NaN/+inf logits are caught here, row by row)
-    policy_logprobs = _token_logprobs_trusted(policy_logits, tokens)  # (B, T)
-    reference_logprobs = _token_logprobs_trusted(reference_logits, tokens)  # (B, T)
-    # 2. per-token estimate, masked, summed per sequence
-    inputs = _KLInputs(
+    policy_logprobs = logprobs_for_tokens_unchecked(policy_logits, tokens)  # (B, T)
+    reference_logprobs = logprobs_for_tokens_unchecked(reference_logits, tokens)  # (B, T)
+    zeros = torch.zeros_like(policy_logprobs)
+    # 2. the logged value: per-token estimate, masked, summed per sequence; r - β KL per sequence
+    inputs = KLInputs(
         spec, None, None, policy_logprobs, reference_logprobs,
         policy_logits, reference_logits,
     )
-    per_token_kl = _estimate(inputs, mask)
-    zeros = torch.zeros_like(per_token_kl)
-    per_token_kl = torch.where(mask, per_token_kl, zeros)  # (B, T)
+    per_token_kl = torch.where(mask, inputs.estimate(mask), zeros).detach()  # (B, T)
     sequence_kl = per_token_kl.sum(dim=-1)  # (B,)
-    # 3. r - β KL per sequence
-    penalized = rewards.to(sequence_kl.dtype) - beta * sequence_kl
+    penalized = rewards.to(sequence_kl.dtype) - beta * sequence_kl  # (B,)
+    # 3. the loss: REINFORCE on r - β log(π/π_ref), leave-one-out baseline
+    sequence_logprob = torch.where(mask, policy_logprobs, zeros).sum(dim=-1)  # (B,) log π(y)
+    log_ratio = torch.where(mask, policy_logprobs - reference_logprobs, zeros).sum(dim=-1)
+    score = (rewards.to(log_ratio.dtype) - beta * log_ratio).detach()  # (B,)
+    n = score.shape[0]
+    baseline = (score.sum() - score) / (n - 1) if n > 1 else torch.zeros_like(score)
+    loss = -((score - baseline) * sequence_logprob).mean()
     # 4. sum_t KL_t, each over the whole vocabulary, beside the estimate
-    per_position = _exact_kl_trusted(
+    per_position = exact_kl_unchecked(
         policy_logits.detach(), reference_logits.detach(), mask
     )  # (B, T)
-    exact = per_position.sum(dim=-1)  # (B,)
-    return {
-        "objective": penalized.mean(),
+    info = {
+        "objective": penalized.mean().item(),
         "mean_reward": rewards.mean().item(),
         "mean_kl": sequence_kl.mean().item(),
-        "mean_exact_kl": exact.mean().item(),
-        "mean_penalized_reward": penalized.mean().item(),
+        "mean_exact_kl": per_position.sum(dim=-1).mean().item(),
         "kl_penalty": beta * sequence_kl.mean().item(),
         "per_token_kl": per_token_kl,
     }
+    return loss, info

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -56,14 +57,14 @@ def test_objective_estimate_agrees_with_exact_kl_on_policy_samples(estimator):
     pol, ref, tokens = _policy_and_reference(0, b=512)
     mask = torch.ones(tokens.shape)
     rewards = torch.linspace(-1, 1, tokens.shape[0], dtype=torch.float64)
-    out = compute_rlhf_objective(pol, ref, tokens, rewards, mask, beta=0.5, estimator=estimator)
+    _, out = compute_rlhf_objective(pol, ref, tokens, rewards, mask, beta=0.5, estimator=estimator)
     seq = out["per_token_kl"].sum(-1)
     se = float(seq.std()) / math.sqrt(seq.numel())
     assert abs(out["mean_kl"] - out["mean_exact_kl"]) < 4 * se
     assert out["mean_exact_kl"] > 0
     assert out["kl_penalty"] == pytest.approx(0.5 * out["mean_kl"])
-    assert out["mean_penalized_reward"] == pytest.approx(out["mean_reward"] - out["kl_penalty"])
-    assert float(out["objective"]) == pytest.approx(out["mean_penalized_reward"])
+    assert out["objective"] == pytest.approx(out["mean_reward"] - out["kl_penalty"])
+    assert all(isinstance(out[k], float) for k in ("objective", "mean_reward", "mean_kl", "mean_exact_kl"))
 
 
 def test_uniform_tokens_give_a_negative_k1_mean_which_is_no_kl():
@@ -71,19 +72,21 @@ def test_uniform_tokens_give_a_negative_k1_mean_which_is_no_kl():
     pol, ref, _ = _policy_and_reference(1, b=256)
     gen = torch.Generator().manual_seed(2)
     uniform = torch.randint(0, pol.shape[-1], pol.shape[:2], generator=gen)
-    out = compute_rlhf_objective(pol, ref, uniform, torch.zeros(256, dtype=torch.float64),
-                                 torch.ones(uniform.shape), beta=0.5)
+    _, out = compute_rlhf_objective(pol, ref, uniform, torch.zeros(256, dtype=torch.float64),
+                                    torch.ones(uniform.shape), beta=0.5)
     assert out["mean_kl"] < 0 < out["mean_exact_kl"]
-    assert out["mean_penalized_reward"] > out["mean_reward"]  # the "penalty" raises the reward
+    assert out["objective"] > out["mean_reward"]  # the "penalty" raises the reward
 
 
-def test_objective_is_differentiable_and_respects_the_mask():
+def test_loss_is_differentiable_respects_the_mask_and_info_is_detached():
     pol, ref, tokens = _policy_and_reference(3, b=4)
     pol = pol.clone().requires_grad_(True)
     mask = torch.ones(tokens.shape)
     mask[:, 8:] = 0
-    out = compute_rlhf_objective(pol, ref, tokens, torch.ones(4, dtype=torch.float64), mask, beta=1.0)
-    out["objective"].backward()
+    rewards = torch.tensor([1.0, -1.0, 0.5, 2.0], dtype=torch.float64)
+    loss, out = compute_rlhf_objective(pol, ref, tokens, rewards, mask, beta=1.0)
+    loss.backward()
+    assert loss.dim() == 0 and not out["per_token_kl"].requires_grad
     assert torch.all(pol.grad[:, 8:] == 0) and pol.grad[:, :8].abs().sum() > 0
     lp = get_logprobs_for_tokens(pol.detach(), tokens)
     lq = get_logprobs_for_tokens(ref, tokens)
@@ -97,61 +100,78 @@ def _grad(value: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     return grad
 
 
-def _expected_objective_gradient(theta, ref, rewards, beta, estimator):
-    """E_{y ~ pi}[grad of ``objective``], exactly: a sum over the V one-token responses."""
+def _value(theta, ref, y, reward, beta, estimator):
+    """r - beta * (the estimate) for the one-token response ``y``: the value ``info["objective"]`` logs."""
+    lp = get_logprobs_for_tokens(theta, torch.tensor([[y]]))
+    lq = get_logprobs_for_tokens(ref, torch.tensor([[y]]))
+    kwargs = {"policy_logits": theta, "reference_logits": ref} if estimator == "full" else {}
+    _, seq = compute_token_kl(lp, lq, torch.ones(1, 1), estimator, **kwargs)
+    return reward - beta * seq.sum()
+
+
+def _expected_value_gradient(theta, ref, rewards, beta, estimator):
+    """E_{y ~ pi}[grad of the logged value], exactly: a sum over the V one-token responses."""
     probs = torch.softmax(theta, dim=-1).flatten().detach()
     total = torch.zeros_like(theta)
     for y in range(theta.shape[-1]):
-        out = compute_rlhf_objective(theta, ref, torch.tensor([[y]]), rewards[y : y + 1],
-                                     torch.ones(1, 1), beta=beta, estimator=estimator)
-        total += probs[y] * _grad(out["objective"], theta)
+        total += probs[y] * _grad(_value(theta, ref, y, rewards[y], beta, estimator), theta)
     return total
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_objective_is_a_value_to_log_not_a_loss(seed):
-    """The docstring's gradient facts, on a categorical policy over V one-token responses, with every
-    expectation an exact sum (no sampling noise): autograd through ``objective`` gives no gradient for
-    the reward, an expected gradient of 0 with k1, and that of the forward KL(ref || pi) with k3."""
+def _categorical(seed, v=6):
     gen = torch.Generator().manual_seed(seed)
-    v = 6
     ref = torch.randn(1, 1, v, generator=gen, dtype=torch.float64)  # (B, T, V) = (1, 1, V)
     theta = (ref + torch.randn(1, 1, v, generator=gen, dtype=torch.float64)).requires_grad_(True)
     rewards = torch.randn(v, generator=gen, dtype=torch.float64)
-    probs = torch.softmax(theta, dim=-1).flatten()
-    logprobs = torch.log_softmax(theta, dim=-1).flatten()
-    # The gradients the objective's terms should have, by autograd on exact expressions.
-    grad_reward = _grad((probs * rewards).sum(), theta)  # grad E_pi[r]
+    return theta, ref, rewards
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_logged_value_is_not_a_loss(seed):
+    """The Notes' gradient facts, on a categorical policy over V one-token responses, with every
+    expectation an exact sum (no sampling noise): autograd through r - beta * estimate gives no
+    gradient for the reward, an expected gradient of 0 with k1, and that of the forward KL(ref || pi)
+    with k3; k2 and k3+ give the penalised KL's."""
+    theta, ref, rewards = _categorical(seed)
     grad_kl = _grad(exact_kl(theta, ref).sum(), theta)  # grad KL(pi || ref), the penalised one
     grad_forward = _grad(exact_kl(ref, theta).sum(), theta)  # grad KL(ref || pi)
-    assert grad_reward.abs().max() > 1e-2 and (grad_kl - grad_forward).abs().max() > 1e-2
+    assert (grad_kl - grad_forward).abs().max() > 1e-2
     zero = torch.zeros_like(theta)
-
-    # 1. The reward term has no gradient at all.
-    assert torch.equal(_expected_objective_gradient(theta, ref, rewards, 0.0, "k1"), zero)
-    # 2. With k1, the KL term's expected gradient is 0: E_pi[grad log pi] = 0.
-    k1 = _expected_objective_gradient(theta, ref, rewards, 1.0, "k1")
-    torch.testing.assert_close(k1, zero, rtol=0, atol=1e-12)
-    # 3. With k3, it is (minus) the gradient of the forward KL(ref || pi), not of KL(pi || ref).
-    k3 = _expected_objective_gradient(theta, ref, rewards, 1.0, "k3")
-    torch.testing.assert_close(k3, -grad_forward, rtol=0, atol=1e-12)
-    # 4. k2 and the straight-through k3+ give the penalised KL's gradient.
+    assert torch.equal(_expected_value_gradient(theta, ref, rewards, 0.0, "k1"), zero)
+    torch.testing.assert_close(_expected_value_gradient(theta, ref, rewards, 1.0, "k1"), zero,
+                               rtol=0, atol=1e-12)
+    torch.testing.assert_close(_expected_value_gradient(theta, ref, rewards, 1.0, "k3"), -grad_forward,
+                               rtol=0, atol=1e-12)
     for estimator in ("k2", "k3+"):
-        got = _expected_objective_gradient(theta, ref, rewards, 1.0, estimator)
-        torch.testing.assert_close(got, -grad_kl, rtol=0, atol=1e-12)
+        torch.testing.assert_close(_expected_value_gradient(theta, ref, rewards, 1.0, estimator), -grad_kl,
+                                   rtol=0, atol=1e-12)
 
-    # The right gradient of J = E[r] - beta KL(pi || ref): a score-function (policy-gradient) term
-    # for the reward, E[r grad log pi], plus the k2 objective's gradient for the KL.
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_the_loss_has_minus_the_objectives_gradient_in_expectation(seed, batch):
+    """E over every batch of ``batch`` one-token responses drawn from pi of grad(loss) equals
+    -grad J, J = E[r] - beta KL(pi || ref), exactly (a sum over V**batch batches), with the leave-one-out
+    baseline for batch > 1 and none for batch = 1; the logged estimator does not change the loss."""
+    theta, ref, rewards = _categorical(seed, v=5)
     beta = 0.7
+    probs = torch.softmax(theta, dim=-1).flatten()
     grad_j = _grad((probs * rewards).sum() - beta * exact_kl(theta, ref).sum(), theta)
-    score = [_grad(logprobs[y], theta) for y in range(v)]  # grad log pi(y)
-    reward_term = sum(probs[y].detach() * rewards[y] * score[y] for y in range(v))
-    kl_term = _expected_objective_gradient(theta, ref, torch.zeros(v, dtype=torch.float64), beta, "k2")
-    torch.testing.assert_close(reward_term + kl_term, grad_j, rtol=0, atol=1e-12)
-    # A baseline b changes nothing in expectation: E[(r - b) grad log pi] = E[r grad log pi]. So the
-    # level of r - beta KL (which a constant shifts anywhere) sets no direction of a step.
-    shifted = sum(probs[y].detach() * (rewards[y] - 5.0) * score[y] for y in range(v))
-    torch.testing.assert_close(shifted, reward_term, rtol=0, atol=1e-12)
+    assert grad_j.abs().max() > 1e-2
+    p = probs.detach()
+    total = torch.zeros_like(theta)
+    v = theta.shape[-1]
+    for ys in itertools.product(range(v), repeat=batch):
+        tokens = torch.tensor(ys).reshape(batch, 1)
+        logits = theta.expand(batch, 1, v)
+        loss, _ = compute_rlhf_objective(logits, ref.expand(batch, 1, v), tokens, rewards[list(ys)],
+                                         torch.ones(batch, 1), beta=beta)
+        total += math.prod(float(p[y]) for y in ys) * _grad(loss, theta)
+    torch.testing.assert_close(total, -grad_j, rtol=0, atol=1e-12)
+    tokens = torch.arange(batch).reshape(batch, 1)
+    args = (theta.expand(batch, 1, v), ref.expand(batch, 1, v), tokens, rewards[:batch], torch.ones(batch, 1))
+    losses = [compute_rlhf_objective(*args, beta=beta, estimator=e)[0] for e in ("k1", "k3", "full")]
+    assert losses[0] == losses[1] == losses[2]
 
 
 def test_beta_is_the_one_name_of_the_coefficient():
