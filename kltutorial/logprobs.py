@@ -222,7 +222,7 @@ class _TokenLogprobs(torch.autograd.Function):
             # 1. one cache-sized chunk of z / tau in the reused buffer (a half-precision chunk is copied
             #    there as float32 first; a float32 chunk at tau = 1 is read where it lies)
             x = _scaled(z, dtype, temperature, buf[0, n])
-            # 2. normalise it, x - LSE(x), in place
+            # 2. normalise it, x - LSE(x), into the buffer (in place if x is already there)
             logp = torch.log_softmax(x, dim=-1, out=buf[0, n])
             # 3. keep only the chosen tokens' entries
             torch.gather(logp, 1, flat_ids[start:stop], out=out[start:stop])
