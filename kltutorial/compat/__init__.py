@@ -10,7 +10,7 @@ So far: the KL penalties and reward shaping of TRL (v0.11.4: ``kl_penalty``, ``c
 verl (``kl_penalty``, ``kl_penalty_forward``, with its clamps and ``+`` names) and OpenRLHF (v0.11.0:
 ``compute_approx_kl``, ``compute_reward``; ``compute_approx_kl`` also with PR #1309's ``log_probs_old``
 and ``unbiased_gradient``), computed by the estimators' ``kl_estimate``; the log-prob and masked-mean
-functions, computed by :func:`~kltutorial.logprobs.get_logprobs_for_tokens`:
+functions, computed by ``kltutorial.logprobs.get_logprobs_for_tokens``:
 
 =============  ==========================================================================================
 module         log-probs of chosen tokens; masked mean
