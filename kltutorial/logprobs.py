@@ -103,16 +103,13 @@ def chunk_rows(vocab_size: int, chunk_size: int | None = None) -> int:
 # not B*T*V) catches every bad row; the rare bad row is then read again to say what is wrong with it.
 
 
-def _position(i: int, shape: torch.Size) -> str:
-    """Row ``i`` of the flattened leading ``shape``: ``b=1, t=2`` for (B, T), ``[i, j, k]`` otherwise."""
+def _unravel(i: int, shape: torch.Size) -> tuple[int, ...]:
+    """The index into the leading ``shape`` of row ``i`` of its row-major flattening."""
     index = []
     for size in reversed(shape):
         i, rest = divmod(i, size)
         index.append(rest)
-    index.reverse()
-    if len(index) == 2:
-        return f"b={index[0]}, t={index[1]}"
-    return "[" + ", ".join(map(str, index)) + "]"
+    return tuple(reversed(index))
 
 
 def _raise_if_bad_rows(probe: torch.Tensor, x: torch.Tensor, name: str, temperature: float = 1.0) -> None:
@@ -120,9 +117,9 @@ def _raise_if_bad_rows(probe: torch.Tensor, x: torch.Tensor, name: str, temperat
     bad = torch.isnan(probe)
     if not bool(bad.any()):
         return
-    i = int(torch.nonzero(bad)[0])
-    where = _position(i, x.shape[:-1])
-    row = x.reshape(-1, x.shape[-1])[i]  # one row (a copy only if x cannot be viewed so)
+    index = _unravel(int(torch.nonzero(bad)[0]), x.shape[:-1])
+    where = f"b={index[0]}, t={index[1]}" if len(index) == 2 else "[" + ", ".join(map(str, index)) + "]"
+    row = x[index]  # (V,), a view
     if bool(torch.isnan(row).any()):
         raise ValueError(f"{name} contains NaN (at position {where})")
     if bool(torch.isposinf(row).any()):
