@@ -26,6 +26,7 @@ __all__ = [
     "check_logits",
     "check_tensor_pair",
     "check_token_ids",
+    "check_token_index",
     "check_mask",
     "check_same_shape",
     "check_scores",
@@ -87,16 +88,21 @@ def check_float_tensor(
     return x
 
 
-def check_logits(x: object, name: str) -> torch.Tensor:
-    """Check a non-empty floating-point (B, T, V) tensor of logits, without reading its values.
+def check_logits(x: object, name: str, ndim: int | None = 3) -> torch.Tensor:
+    """Check a non-empty floating-point tensor of logits, (B, T, V) by default, without reading its values.
 
     Scanning logits for NaN reads them once more and allocates a (B, T, V) boolean mask; the lean
     kernels of :mod:`kltutorial.logprobs` find NaN, ``+inf`` and all ``-inf`` rows in the rows they
-    normalise anyway, so only the shape and dtype are checked here.
+    normalise anyway, so only the shape and dtype are checked here. ``ndim=None`` accepts any leading
+    shape, (..., V), with at least the vocabulary dimension.
     """
     _check_float_kind(x, name)
-    if x.dim() != 3:
-        raise ValueError(f"{name} must have 3 dimensions (B, T, V), got shape {_shape(x)}")
+    if ndim is None:
+        if x.dim() < 1:
+            raise ValueError(f"{name} must have at least 1 dimension (..., V), got a 0-d tensor")
+    elif x.dim() != ndim:
+        want = "(B, T, V)" if ndim == 3 else f"(..., V) of rank {ndim}"
+        raise ValueError(f"{name} must have {ndim} dimensions {want}, got shape {_shape(x)}")
     if x.numel() == 0:
         raise ValueError(f"{name} must not be empty, got shape {_shape(x)}")
     return x
@@ -136,6 +142,28 @@ def check_token_ids(tokens: object, name: str, shape: torch.Size, vocab_size: in
                 f"{name} must lie in [0, {vocab_size}) (the vocabulary size), got values in [{lo}, {hi}]"
             )
     return tokens
+
+
+def check_token_index(tokens: object, name: str, logits_shape: torch.Size) -> tuple[torch.Tensor, bool]:
+    """Check token ids for logits of shape (..., V): one id per position, or K >= 1 ids per position.
+
+    ``tokens`` of shape (...) (the logits' leading shape) holds one id per position; of shape (..., K),
+    K ids per position (TRL's ``selective_log_softmax`` takes both). Returns the ids as (..., K), K = 1
+    for the first form, and whether they were one per position.
+    """
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(tokens).__name__}")
+    lead, vocab = logits_shape[:-1], logits_shape[-1]
+    single = tokens.shape == lead
+    if not single and not (tokens.dim() == len(lead) + 1 and tokens.shape[:-1] == lead
+                           and tokens.shape[-1] >= 1):
+        one, k = tuple(lead), "(" + "".join(f"{s}, " for s in lead) + "K)"
+        raise ValueError(
+            f"{name} must have shape {one} (one id per position) or {k} with K >= 1 (K ids per "
+            f"position), to match the logits' leading dimensions, got {tuple(tokens.shape)}"
+        )
+    check_token_ids(tokens, name, tokens.shape, vocab)
+    return (tokens.unsqueeze(-1) if single else tokens), single
 
 
 def check_mask(mask: object, name: str, shape: torch.Size) -> torch.Tensor:

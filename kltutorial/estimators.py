@@ -54,6 +54,13 @@ any other way (uniformly, say) the log-ratio's mean is not a KL and can be negat
   the estimator's (clamped, if asked) and the gradient k2's, the gradient of :math:`\mathrm{KL}(\pi \|
   \pi_{\mathrm{ref}})` in expectation. verl added them in its PR #2953 (2025); until PR #6058 (April 2026)
   they raised ``NotImplementedError``, because the suffix reached the dispatch unstripped.
+- **Importance weight.** With the KL in the loss, PPO's and GRPO's later epochs score tokens sampled from
+  an earlier policy :math:`\pi_{\mathrm{old}}`, and k2's gradient is unbiased only on-policy. OpenRLHF's
+  ``compute_approx_kl(..., log_probs_old, unbiased_gradient=True)`` (PR #1309, August 2026) keeps the
+  estimator's value and backpropagates :math:`w\,\Delta\,\nabla\log\pi`, with
+  :math:`w = \min(\pi/\pi_{\mathrm{old}}, 10)` detached, whose mean over :math:`y \sim \pi_{\mathrm{old}}`
+  is :math:`\nabla\mathrm{KL}(\pi\|\pi_{\mathrm{ref}})` (up to the clip). Here that is a ``+`` name with
+  ``old_logprobs`` (and ``weight_clamp=10``).
 - **full** is :func:`~kltutorial.logprobs.exact_kl`. TRL's ``full`` (up to v0.11) is
   ``kl_div(ref_logprob, logprob, log_target=True).sum(-1)``, which is NaN wherever the policy's logit is
   ``-inf`` (:math:`0 \cdot \infty`); ``exact_kl`` uses :math:`0 \log 0 = 0` there.
@@ -302,6 +309,8 @@ class KLInputs:
     reference_logprobs: torch.Tensor | None = None
     policy_logits: torch.Tensor | None = None
     reference_logits: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
+    weight_clamp: float | None = None
 
     @property
     def shape(self) -> torch.Size:
@@ -327,6 +336,8 @@ def _check_inputs(
     log_ratio_clamp: object,
     policy_logits: object,
     reference_logits: object,
+    old_logprobs: object = None,
+    weight_clamp: object = None,
 ) -> KLInputs:
     """Validate the arguments that kl_estimate and compute_token_kl share."""
     spec = get_estimator(estimator)
@@ -356,8 +367,21 @@ def _check_inputs(
                 f"policy_logprobs must have shape {tuple(policy_logits.shape[:-1])}, the logits' (B, T), "
                 f"got {tuple(policy_logprobs.shape)}"
             )
+    if old_logprobs is not None:
+        if spec.gradient_from is None:
+            raise ValueError(
+                "old_logprobs importance-weights the gradient of a straight-through estimator ('k1+', "
+                "'k2+', 'k3+', 'abs+'), the only ones whose gradient is k2's whatever their value; "
+                f"got {estimator!r}"
+            )
+        check_tensor_pair(policy_logprobs, "policy_logprobs", old_logprobs, "old_logprobs")
+    if weight_clamp is not None:
+        if old_logprobs is None:
+            raise ValueError("weight_clamp bounds the importance weight, which needs old_logprobs")
+        weight_clamp = check_positive(weight_clamp, "weight_clamp")
     return KLInputs(
-        spec, clamp, log_ratio_clamp, policy_logprobs, reference_logprobs, policy_logits, reference_logits
+        spec, clamp, log_ratio_clamp, policy_logprobs, reference_logprobs, policy_logits, reference_logits,
+        old_logprobs, weight_clamp,
     )
 
 
@@ -387,6 +411,11 @@ def _estimate(x: KLInputs, mask: torch.Tensor | None = None) -> torch.Tensor:
     if spec.gradient_from is not None:
         # straight-through, in verl's form: adds exactly 0 to the value, and the gradient of k2(Δ)
         surrogate = _SPECS[spec.gradient_from].fn(log_ratio)
+        if x.old_logprobs is not None:
+            # off-policy: times w = π/π_old, detached (OpenRLHF's unbiased_gradient), so that the gradient
+            # w Δ ∇log π has the mean ∇KL(π || π_ref) over tokens sampled from π_old
+            w = _log_ratio(x.policy_logprobs, x.old_logprobs).detach().exp()
+            surrogate = surrogate * (w if x.weight_clamp is None else w.clamp(max=x.weight_clamp))
         value = surrogate - surrogate.detach() + value.detach()
     return value
 
@@ -400,6 +429,8 @@ def kl_estimate(
     log_ratio_clamp: float | None = None,
     policy_logits: torch.Tensor | None = None,
     reference_logits: torch.Tensor | None = None,
+    old_logprobs: torch.Tensor | None = None,
+    weight_clamp: float | None = None,
 ) -> torch.Tensor:
     r"""Per-token estimate of KL(pi || pi_ref) from the log-ratio of tokens sampled from pi.
 
@@ -427,6 +458,16 @@ def kl_estimate(
     policy_logits, reference_logits : Tensor, shape (B, T, V), optional
         Both models' logits; needed by ``"full"`` and ignored by the sampled estimators (so a loop over
         :data:`ESTIMATORS` can pass them to every call). The log-probs, if given, must have shape (B, T).
+    old_logprobs : Tensor, same shape as the log-probs, optional
+        :math:`\log\pi_{\mathrm{old}}(y)` under the policy that sampled the tokens, when that is an earlier
+        policy than the one being trained (PPO's and GRPO's later epochs, with the KL in the loss). Only
+        with a straight-through (``+``) estimator: its value is unchanged and its gradient becomes
+        :math:`w\,\Delta\,\nabla\log\pi(y)`, :math:`w = \pi(y)/\pi_{\mathrm{old}}(y)` (detached), whose
+        mean over :math:`y\sim\pi_{\mathrm{old}}` is :math:`\nabla\mathrm{KL}(\pi\|\pi_{\mathrm{ref}})`.
+        Without it the ``+`` gradient is that of :math:`w = 1`, unbiased only for tokens sampled from pi.
+    weight_clamp : float, optional
+        Upper bound on :math:`w` (OpenRLHF uses 10): bounded variance, at the price of a bias where it
+        clips. Needs ``old_logprobs``.
 
     Returns
     -------
@@ -442,10 +483,19 @@ def kl_estimate(
     tensor([0.1065, 0.1487])
     >>> kl_estimate(torch.tensor([-30.0]), torch.zeros(1), "low_var_kl", clamp=10, log_ratio_clamp=20)
     tensor([10.])
+
+    Off-policy, the gradient of a ``+`` estimate is importance-weighted; its value is not:
+
+    >>> lp = torch.tensor([-1.0], requires_grad=True)
+    >>> old = lp.detach() - torch.tensor(2.0).log()  # pi_old(y) = pi(y) / 2
+    >>> kl = kl_estimate(lp, torch.tensor([-1.5]), "k3+", old_logprobs=old)
+    >>> kl.backward()
+    >>> kl.detach(), lp.grad  # k3(0.5); w Δ = 2 * 0.5
+    (tensor([0.1065]), tensor([1.]))
     """
     inputs = _check_inputs(
         policy_logprobs, reference_logprobs, estimator, clamp, log_ratio_clamp,
-        policy_logits, reference_logits,
+        policy_logits, reference_logits, old_logprobs, weight_clamp,
     )
     return _estimate(inputs)
 
@@ -461,6 +511,8 @@ def compute_token_kl(
     log_ratio_clamp: float | None = None,
     policy_logits: torch.Tensor | None = None,
     reference_logits: torch.Tensor | None = None,
+    old_logprobs: torch.Tensor | None = None,
+    weight_clamp: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Per-token KL estimates and their per-sequence reduction, padding excluded.
 
@@ -491,6 +543,11 @@ def compute_token_kl(
         As in :func:`kl_estimate`.
     policy_logits, reference_logits : Tensor, shape (B, T, V), optional
         As in :func:`kl_estimate`; needed by ``"full"``.
+    old_logprobs : Tensor, shape (B, T), optional
+        Log-probs of the same tokens under the policy that sampled them, to importance-weight the gradient
+        of a ``+`` estimator, as in :func:`kl_estimate`.
+    weight_clamp : float, optional
+        Upper bound on the importance weight, as in :func:`kl_estimate`.
 
     Returns
     -------
@@ -508,7 +565,7 @@ def compute_token_kl(
     """
     inputs = _check_inputs(
         policy_logprobs, reference_logprobs, estimator, clamp, log_ratio_clamp,
-        policy_logits, reference_logits,
+        policy_logits, reference_logits, old_logprobs, weight_clamp,
     )
     if len(inputs.shape) != 2:  # logits are always (B, T, V), so these are the log-probs
         raise ValueError(f"policy_logprobs must have shape (B, T), got {tuple(inputs.shape)}")

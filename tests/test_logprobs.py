@@ -30,14 +30,18 @@ def ref_log_softmax(z: np.ndarray) -> np.ndarray:
     return z - (m + np.log(np.exp(z - m).sum(axis=-1, keepdims=True)))
 
 
-def ref_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> np.ndarray:
-    logp = ref_log_softmax(logits.double().numpy())
-    return np.take_along_axis(logp, tokens.numpy()[..., None], axis=-1)[..., 0]
+def ref_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> np.ndarray:
+    """log_softmax(logits / temperature) at one id per position, (...), or K ids, (..., K)."""
+    logp = ref_log_softmax(logits.double().numpy() / temperature)
+    ids = tokens.numpy()
+    single = ids.ndim == logp.ndim - 1
+    out = np.take_along_axis(logp, ids[..., None] if single else ids, axis=-1)
+    return out[..., 0] if single else out
 
 
-def ref_kl(policy: torch.Tensor, reference: torch.Tensor) -> np.ndarray:
+def ref_kl(policy: torch.Tensor, reference: torch.Tensor, temperature: float = 1.0) -> np.ndarray:
     """sum_v p_v (log p_v - log q_v) with 0 log 0 = 0 and p_v > 0 = q_v giving +inf."""
-    z, w = policy.double().numpy(), reference.double().numpy()
+    z, w = policy.double().numpy() / temperature, reference.double().numpy() / temperature
     logp, logq = ref_log_softmax(z), ref_log_softmax(w)
     possible = np.isfinite(z)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -335,6 +339,196 @@ def test_results_do_not_depend_on_batch_order(z, seed):
 
 
 # ----------------------------------------------------------------------------------------------------
+# Any leading shape, K ids per position, temperature
+
+LEADING = [(7,), (3, 4), (2, 3, 4), (2, 2, 3, 2)]  # (N,), (B, T), (A, B, T), (A, B, C, T)
+
+
+@pytest.mark.parametrize("lead", LEADING)
+@pytest.mark.parametrize("k", [None, 1, 3])
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+def test_logprobs_of_any_leading_shape_and_k_ids(lead, k, dtype, tol):
+    V = 37
+    logits = random_logits((*lead, V), dtype, seed=len(lead))
+    tokens = random_tokens(lead if k is None else (*lead, k), V, seed=len(lead))
+    out = get_logprobs_for_tokens(logits, tokens, chunk_size=5)
+    assert out.shape == tokens.shape
+    assert out.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    np.testing.assert_allclose(out.double().numpy(), ref_logprobs(logits, tokens), rtol=tol, atol=tol)
+    naive = naive_logprobs_for_tokens(logits.double(), tokens)
+    assert naive.shape == tokens.shape
+
+
+def test_logits_of_one_position_and_k_ids_from_it():
+    z = random_logits((11,), torch.float64)
+    np.testing.assert_allclose(get_logprobs_for_tokens(z, torch.tensor(4)).numpy(),
+                               ref_log_softmax(z.numpy())[4], rtol=1e-13)
+    ids = torch.tensor([4, 0, 4, 10])  # (K,) with a repeated id
+    np.testing.assert_allclose(get_logprobs_for_tokens(z, ids).numpy(), ref_log_softmax(z.numpy())[ids],
+                               rtol=1e-13)
+
+
+def test_k_ids_equal_k_single_id_calls():
+    z = random_logits((2, 5, 50), torch.float64, seed=8)
+    ids = random_tokens((2, 5, 4), 50, seed=8)
+    together = get_logprobs_for_tokens(z, ids, chunk_size=3)
+    for j in range(4):
+        assert torch.equal(together[..., j], get_logprobs_for_tokens(z, ids[..., j], chunk_size=3))
+
+
+def test_non_contiguous_logits_of_four_dimensions():
+    base = random_logits((2, 3, 6, 40), torch.float64).requires_grad_()
+    z = base[:, :, :-1]  # (2, 3, 5, 40): its leading dimensions cannot be merged without a copy
+    w = random_logits((2, 3, 6, 40), torch.float64, seed=1)[:, :, 1:]
+    tokens = random_tokens((2, 3, 5, 2), 40)
+    with pytest.raises(RuntimeError):
+        z.view(-1, 40)
+    np.testing.assert_allclose(get_logprobs_for_tokens(z, tokens, chunk_size=3).detach().numpy(),
+                               ref_logprobs(z.detach(), tokens), rtol=1e-12)
+    np.testing.assert_allclose(exact_kl(z, w, chunk_size=4).detach().numpy(), ref_kl(z.detach(), w),
+                               rtol=1e-12, atol=1e-14)
+    weight = random_logits((2, 3, 5, 2), torch.float64, seed=3)
+    ours = torch.autograd.grad((get_logprobs_for_tokens(z, tokens, chunk_size=3) * weight).sum(), base)
+    z_ref = base.detach().clone().requires_grad_()
+    naive = naive_logprobs_for_tokens(z_ref[:, :, :-1], tokens)
+    (ref,) = torch.autograd.grad((naive * weight).sum(), z_ref)
+    torch.testing.assert_close(ours[0], ref)
+
+
+@pytest.mark.parametrize("temperature", [0.3, 0.7, 1.0, 2.5])
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+def test_temperature_divides_the_logits(temperature, dtype, tol):
+    # against log_softmax(z / tau) of the same (rounded) logits in float64
+    z = random_logits((3, 7, 300), dtype, seed=11)
+    w = random_logits((3, 7, 300), dtype, seed=12)
+    tokens = random_tokens((3, 7), 300)
+    lp = get_logprobs_for_tokens(z, tokens, temperature=temperature, chunk_size=4)
+    np.testing.assert_allclose(lp.double().numpy(), ref_logprobs(z, tokens, temperature), rtol=tol, atol=tol)
+    kl = exact_kl(z, w, temperature=temperature, chunk_size=4)
+    np.testing.assert_allclose(kl.double().numpy(), ref_kl(z, w, temperature), rtol=tol, atol=tol)
+
+
+def test_temperature_is_the_float32_division_of_the_libraries():
+    # for float32 logits the chunk is z / tau in float32, as `logits / temperature` is: same bits after it
+    z = random_logits((2, 9, 500), seed=13)
+    tokens = random_tokens((2, 9), 500)
+    ours = get_logprobs_for_tokens(z, tokens, temperature=0.6, chunk_size=4)
+    theirs = get_logprobs_for_tokens(z / 0.6, tokens, chunk_size=4)
+    assert torch.equal(ours, theirs)
+    default = get_logprobs_for_tokens(z, tokens)
+    assert torch.equal(get_logprobs_for_tokens(z, tokens, temperature=1.0), default)
+
+
+def test_temperature_leaves_the_logits_untouched():
+    # OpenRLHF's log_probs_from_logits divides the caller's logits in place; here they are only read
+    z = random_logits((2, 3, 20))
+    before = z.clone()
+    get_logprobs_for_tokens(z, random_tokens((2, 3), 20), temperature=0.5)
+    exact_kl(z, z.flip(-1), temperature=0.5)
+    assert torch.equal(z, before)
+
+
+def _naive64_grads(fn, *inputs, weight):
+    """Gradients of the naive recipe, by autograd in float64, w.r.t. each input."""
+    return _grads(fn, *[x.double() for x in inputs], weight=weight.double())
+
+
+@pytest.mark.parametrize("k", [None, 4])
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 3.0])
+@pytest.mark.parametrize("dtype,rtol,atol", [(torch.float64, 1e-12, 1e-14), (torch.float32, 1e-5, 1e-7),
+                                             (torch.bfloat16, 1e-2, 2e-3)])
+def test_gradients_with_k_ids_and_temperature_match_naive_float64_autograd(k, temperature, dtype, rtol, atol):
+    z = random_logits((3, 5, 60), dtype, seed=14)
+    tokens = random_tokens((3, 5) if k is None else (3, 5, k), 60, seed=14)
+    if k is not None:
+        tokens[..., 1] = tokens[..., 0]  # a repeated id: its gradient counts twice
+    weight = random_logits(tokens.shape, torch.float64, seed=15)
+    (ours,) = _grads(lambda a: get_logprobs_for_tokens(a, tokens, temperature=temperature, chunk_size=4),
+                     z, weight=weight.to(dtype if dtype == torch.float64 else torch.float32))
+    (ref,) = _naive64_grads(lambda a: naive_logprobs_for_tokens(a, tokens, temperature=temperature),
+                            z, weight=weight)
+    assert ours.dtype == dtype
+    torch.testing.assert_close(ours.double(), ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+@pytest.mark.parametrize("dtype,rtol,atol", [(torch.float64, 1e-10, 1e-13), (torch.float32, 1e-4, 2e-5)])
+def test_exact_kl_gradients_with_temperature_match_naive_float64_autograd(temperature, dtype, rtol, atol):
+    # float32: log p - log q - KL cancels terms of size ~20 here, so its absolute error is ~20 * 2**-23
+    z, w = random_logits((2, 4, 3, 30), dtype, seed=16), random_logits((2, 4, 3, 30), dtype, seed=17)
+    mask = torch.randint(0, 2, (2, 4, 3), generator=torch.Generator().manual_seed(0))
+    weight = random_logits((2, 4, 3), torch.float64, seed=18)
+    ours = _grads(lambda a, b: exact_kl(a, b, mask, temperature=temperature, chunk_size=5), z, w,
+                  weight=weight.to(dtype))
+    ref = _naive64_grads(lambda a, b: naive_exact_kl(a, b, mask, temperature=temperature), z, w,
+                         weight=weight)
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=rtol, atol=atol)
+
+
+def test_gradcheck_with_k_ids_and_temperature():
+    z = random_logits((2, 3, 6), torch.float64).requires_grad_()
+    w = random_logits((2, 3, 6), torch.float64, seed=1).requires_grad_()
+    ids = torch.tensor([[[0, 5], [2, 2], [1, 3]], [[4, 0], [5, 5], [3, 1]]])
+    assert torch.autograd.gradcheck(
+        lambda a: get_logprobs_for_tokens(a, ids, temperature=0.7, chunk_size=4), (z,))
+    assert torch.autograd.gradcheck(lambda a: get_logprobs_for_tokens(a[0, 0], ids[0, 0], temperature=1.9),
+                                    (z,))
+    assert torch.autograd.gradcheck(lambda a, b: exact_kl(a, b, temperature=0.7, chunk_size=4), (z, w))
+
+
+def test_exact_kl_of_any_leading_shape_with_mask():
+    z, w = random_logits((6, 25), torch.float64), random_logits((6, 25), torch.float64, seed=1)
+    mask = torch.tensor([1, 0, 1, 1, 0, 1])
+    kl = exact_kl(z, w, mask, chunk_size=4)
+    assert kl.shape == (6,)
+    expected = np.where(mask.numpy() == 1, ref_kl(z, w), 0.0)
+    np.testing.assert_allclose(kl.numpy(), expected, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(kl, naive_exact_kl(z, w, mask))
+    assert exact_kl(z[0], w[0]).shape == ()
+
+
+def _largest_allocation(fn) -> int:
+    """Bytes of the largest single CPU allocation any operator makes while ``fn`` runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return max((e.cpu_memory_usage for e in prof.events()), default=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_forward_never_allocates_a_tensor_the_size_of_the_logits(dtype):
+    # (the naive recipe allocates at least one; the lean forward, temperature and K ids included, keeps to
+    # its chunk buffers and its (N, K) output)
+    z = random_logits((8, 128, 4000), dtype)
+    w = random_logits((8, 128, 4000), dtype, seed=1)
+    ids = random_tokens((8, 128, 3), 4000)
+    limit = z.numel() * 4 // 4  # a quarter of the logits in float32 (exact KL's 4 buffers are 1 MiB here)
+    assert _largest_allocation(lambda: naive_logprobs_for_tokens(z, ids, temperature=0.7)) >= limit
+    assert _largest_allocation(lambda: get_logprobs_for_tokens(z, ids, temperature=0.7)) < limit
+    assert _largest_allocation(lambda: exact_kl(z, w, temperature=0.7, chunk_size=16)) < limit
+
+
+def test_positions_are_named_for_any_leading_shape():
+    z = random_logits((2, 3, 4, 5))
+    z[1, 0, 2, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"logits contains NaN \(at position \[1, 0, 2\]\)"):
+        get_logprobs_for_tokens(z, random_tokens((2, 3, 4), 5))
+    w = random_logits((6, 5))
+    w[4] = NEG_INF
+    with pytest.raises(ValueError, match=r"reference_logits is -inf for every token at position \(\[4\]\)"):
+        exact_kl(random_logits((6, 5)), w)
+
+
+def test_temperature_that_overflows_the_logits_raises():
+    z = torch.tensor([[3e38, 0.0, 1.0]])
+    with pytest.raises(ValueError, match=r"logits / temperature overflows at position \[0\]"):
+        get_logprobs_for_tokens(z, torch.tensor([1]), temperature=0.5)
+    assert torch.isfinite(get_logprobs_for_tokens(z.double(), torch.tensor([1]), temperature=0.5)).all()
+
+
+# ----------------------------------------------------------------------------------------------------
 # Bad input: every case raises the right error and names the argument
 
 L = random_logits((2, 3, 5))
@@ -354,8 +548,18 @@ BAD_INPUTS = [
     # get_logprobs_for_tokens
     ("lp-logits-not-tensor", lambda: _lp(L.numpy(), TOK), TypeError, "logits"),
     ("lp-logits-int", lambda: _lp(L.long(), TOK), TypeError, "logits"),
-    ("lp-logits-rank-2", lambda: _lp(L[0], TOK[0]), ValueError, "logits"),
-    ("lp-logits-rank-4", lambda: _lp(L[None], TOK), ValueError, "logits"),
+    ("lp-logits-0d", lambda: _lp(torch.tensor(1.0), TOK), ValueError, "logits must have at least 1"),
+    ("lp-tokens-rank-4-logits", lambda: _lp(L[None], TOK), ValueError, r"tokens must have shape \(1, 2, 3\)"),
+    ("lp-tokens-k-lead", lambda: _lp(L, TOK[:1, :, None]), ValueError, r"\(2, 3, K\)"),
+    ("lp-tokens-k-zero", lambda: _lp(L, TOK[..., None][..., :0]), ValueError, "K >= 1"),
+    ("lp-tokens-k-too-high", lambda: _lp(L, torch.stack([TOK, TOK + 5], -1)), ValueError, "tokens must lie"),
+    ("lp-temperature-zero", lambda: _lp(L, TOK, temperature=0.0), ValueError, "temperature must be"),
+    ("lp-temperature-negative", lambda: _lp(L, TOK, temperature=-1.0), ValueError, "temperature"),
+    ("lp-temperature-nan", lambda: _lp(L, TOK, temperature=float("nan")), ValueError, "temperature"),
+    ("lp-temperature-inf", lambda: _lp(L, TOK, temperature=float("inf")), ValueError, "temperature"),
+    ("lp-temperature-str", lambda: _lp(L, TOK, temperature="1"), TypeError, "temperature"),
+    ("lp-temperature-bool", lambda: _lp(L, TOK, temperature=True), TypeError, "temperature"),
+    ("lp-temperature-positional", lambda: _lp(L, TOK, 0.5), TypeError, "positional"),
     ("lp-empty-batch", lambda: _lp(L[:0], TOK[:0]), ValueError, "empty"),
     ("lp-empty-vocab", lambda: _lp(L[..., :0], TOK), ValueError, "empty"),
     ("lp-nan", lambda: _lp(_with(float("nan")), TOK), ValueError, "logits contains NaN"),
@@ -370,10 +574,17 @@ BAD_INPUTS = [
     ("lp-chunk-zero", lambda: _lp(L, TOK, chunk_size=0), ValueError, "chunk_size"),
     ("lp-chunk-float", lambda: _lp(L, TOK, chunk_size=2.0), TypeError, "chunk_size"),
     ("naive-lp-tokens", lambda: naive_logprobs_for_tokens(L, TOK + 5), ValueError, "tokens"),
+    ("naive-lp-temperature", lambda: naive_logprobs_for_tokens(L, TOK, temperature=0), ValueError,
+     "temperature"),
     # exact_kl
     ("kl-policy-not-tensor", lambda: _kl(L.numpy(), L), TypeError, "policy_logits"),
     ("kl-reference-int", lambda: _kl(L, L.long()), TypeError, "reference_logits"),
-    ("kl-rank", lambda: _kl(L[0], L[0]), ValueError, "policy_logits"),
+    ("kl-0d", lambda: _kl(torch.tensor(1.0), torch.tensor(1.0)), ValueError, "policy_logits"),
+    ("kl-rank-mismatch", lambda: _kl(L[0], L), ValueError, "reference_logits"),
+    ("kl-temperature-zero", lambda: _kl(L, L, temperature=0), ValueError, "temperature"),
+    ("kl-temperature-tensor", lambda: _kl(L, L, temperature=torch.ones(2)), TypeError, "temperature"),
+    ("kl-mask-2d-logits", lambda: _kl(L[0], L[0], MASK), ValueError,
+     r"attention_mask must have shape \(3,\)"),
     ("kl-shape-mismatch", lambda: _kl(L, L[:, :, :4]), ValueError, "reference_logits"),
     ("kl-shape-mismatch-T", lambda: _kl(L, L[:, :2]), ValueError, "reference_logits"),
     ("kl-empty", lambda: _kl(L[:0], L[:0]), ValueError, "empty"),

@@ -8,8 +8,23 @@ only its import changed. What differs on purpose is said in each docstring; the 
 
 So far: the KL penalties and reward shaping of TRL (v0.11.4: ``kl_penalty``, ``compute_rewards``),
 verl (``kl_penalty``, ``kl_penalty_forward``, with its clamps and ``+`` names) and OpenRLHF (v0.11.0:
-``compute_approx_kl``, ``compute_reward``), computed by the estimators' ``kl_estimate``, and the KL
-controllers of all three:
+``compute_approx_kl``, ``compute_reward``; ``compute_approx_kl`` also with PR #1309's ``log_probs_old``
+and ``unbiased_gradient``), computed by the estimators' ``kl_estimate``; the log-prob and masked-mean
+functions, computed by ``kltutorial.logprobs.get_logprobs_for_tokens``:
+
+=============  ==========================================================================================
+module         log-probs of chosen tokens; masked mean
+=============  ==========================================================================================
+``trl``        ``selective_log_softmax(logits, index)``, index (...) or (..., K);
+               ``logprobs_from_logits(logits, labels, gather=True)`` (``trl/core.py``, up to v0.11)
+``verl``       ``logprobs_from_logits(logits, labels, inplace_backward=True)``,
+               ``logprobs_from_logits_v2(logits, labels)``, ``logprobs_from_logits_naive(logits, labels)``;
+               ``masked_mean(values, mask, axis=None)``
+``openrlhf``   ``log_probs_from_logits(logits, labels, temperature=1.0)``;
+               ``masked_mean(tensor, mask, dim=None)``
+=============  ==========================================================================================
+
+(log-probs in the logits' dtype, as the libraries return them); and the KL controllers of all three:
 
 =============  ==========================================  =================================
 module         ``AdaptiveKLController``                    ``update``
@@ -26,12 +41,17 @@ class is a subclass of the package's (:class:`~kltutorial.controllers.AdaptiveKL
 controller (the toy experiment's ``train_policy`` reads ``.value`` after each ``update``).
 
 **What differs on purpose.** Half-precision log-probs are computed in float32 and rounded once to their
-dtype (theirs compute in bfloat16 or float16 throughout); k3 is computed as ``expm1(-d) + d``, which keeps
-the digits theirs lose to cancellation; NaN inputs raise instead of propagating. The controllers' factor
-is floored at :data:`~kltutorial.controllers.MIN_FACTOR`, so β never turns negative when ``n_steps``
-exceeds five horizons (theirs does), and bad input (a zero or negative target, a NaN KL) raises a
-``ValueError`` that names the argument as the library spells it, where theirs divides by zero or carries the
-NaN on. Everywhere else the coefficients are theirs, bit for bit (``tests/compat/``).
+dtype (theirs compute in bfloat16 or float16 throughout, so theirs and ours differ in the last bit, ours the
+closer to the exact value); the logits are divided by a temperature chunk by chunk, never in place (OpenRLHF
+divides the caller's tensor); k3 is computed as ``expm1(-d) + d``, which keeps the digits theirs lose to
+cancellation; 0 log 0 = 0 in the full-vocabulary KL (TRL's gives NaN); NaN inputs, ids out of the
+vocabulary and an all-zero mask where a mean of nothing would be taken raise instead of propagating. The
+controllers' factor is floored at :data:`~kltutorial.controllers.MIN_FACTOR`, so β never turns negative
+when ``n_steps`` exceeds five horizons (theirs does), and bad input (a zero or negative target, a NaN KL)
+raises a ``ValueError`` that names the argument as the library spells it, where theirs divides by zero or
+carries the NaN on. Everywhere else the coefficients are theirs, bit for bit, and the log-probs agree to
+rounding (``tests/compat/``, which also runs the peers' own tests of these functions with only the import
+changed).
 """
 
 from . import openrlhf, trl, verl

@@ -1,5 +1,7 @@
-"""TRL's names over the package's code (v0.11.4): the KL controllers of ``trl/trainer/utils.py`` and the KL
-penalty and reward shaping of ``PPOTrainer`` (``_kl_penalty``, ``compute_rewards``) as functions.
+"""TRL's names over the package's code: the KL controllers of ``trl/trainer/utils.py`` and the KL penalty and
+reward shaping of ``PPOTrainer`` (``_kl_penalty``, ``compute_rewards``) as functions (v0.11.4), and its
+log-prob functions, ``selective_log_softmax`` (``trl/trainer/utils.py``, v0.14 to today) and
+``logprobs_from_logits`` (``trl/core.py``, up to v0.11).
 
 ``AdaptiveKLController(init_kl_coef, target, horizon)`` with ``update(current, n_steps)``, and
 ``FixedKLController(kl_coef)``; both keep the coefficient in ``.value``. ``kl_penalty(logprob,
@@ -7,8 +9,10 @@ ref_logprob, kl_penalty="kl")`` takes TRL's names ``kl``, ``abs``, ``mse`` and `
 arguments are full log-softmax tensors, (..., V)); ``compute_rewards(scores, logprobs, ref_logprobs,
 masks, kl_coef, kl_penalty="kl")`` returns TRL's ``(rewards, non_score_rewards, kls)``, with TRL's padding
 convention: ``-kl_coef * kl`` is left at every position, padding included (mask the result, or use
-:func:`~kltutorial.objective.shape_rewards`, which gives padding exactly 0). See
-:mod:`kltutorial.compat` for what differs on purpose.
+:func:`~kltutorial.objective.shape_rewards`, which gives padding exactly 0). ``selective_log_softmax(logits,
+index)`` and ``logprobs_from_logits(logits, labels, gather=True)`` return log-probs in the logits' dtype,
+computed by :func:`~kltutorial.logprobs.get_logprobs_for_tokens`. See :mod:`kltutorial.compat` for what
+differs on purpose.
 
 Examples
 --------
@@ -24,9 +28,17 @@ from __future__ import annotations
 import torch
 
 from ._controllers import PeerAdaptiveKLController, PeerFixedKLController
+from ._functional import full_log_softmax, token_logprobs
 from ._kl import full_penalty, rewards_with_penalty, sampled_penalty
 
-__all__ = ["AdaptiveKLController", "FixedKLController", "kl_penalty", "compute_rewards"]
+__all__ = [
+    "AdaptiveKLController",
+    "FixedKLController",
+    "kl_penalty",
+    "compute_rewards",
+    "selective_log_softmax",
+    "logprobs_from_logits",
+]
 
 
 class AdaptiveKLController(PeerAdaptiveKLController):
@@ -75,3 +87,69 @@ def compute_rewards(
 
 
 _penalty = kl_penalty  # compute_rewards' own argument is called kl_penalty, as TRL's
+
+
+def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """TRL's ``selective_log_softmax``: ``log_softmax(logits, -1)`` gathered at ``index``, without the full
+    log-softmax. The naive equivalent::
+
+        # for index with shape (...):
+        torch.gather(logits.log_softmax(-1), dim=-1, index=index.unsqueeze(-1)).squeeze(-1)
+        # for index with shape (..., K):
+        torch.gather(logits.log_softmax(-1), dim=-1, index=index)
+
+    Parameters
+    ----------
+    logits : Tensor, shape (..., V)
+    index : Tensor, shape (...) or (..., K), integer
+
+    Returns
+    -------
+    Tensor, the shape of ``index``, the logits' dtype
+
+    Notes
+    -----
+    Computed by :func:`~kltutorial.logprobs.get_logprobs_for_tokens`, one chunk of positions at a time.
+    Where it differs from TRL's on purpose: float16/bfloat16 log-probs are computed in float32 and rounded
+    once to the logits' dtype (TRL's ``log_softmax`` one sequence at a time in the logits' dtype, which
+    rounds ``x - max`` first: within 1 ulp, not bit-equal); NaN, ``+inf`` and all ``-inf`` positions raise
+    ``ValueError``, and so do an ``index`` of another shape or out of ``[0, V)`` (TRL's ``gather`` raises
+    ``RuntimeError``).
+
+    Examples
+    --------
+    >>> logits = torch.log(torch.tensor([[0.25, 0.75], [0.5, 0.5]]))
+    >>> selective_log_softmax(logits, torch.tensor([1, 0]))  # log 3/4, log 1/2
+    tensor([-0.2877, -0.6931])
+    >>> selective_log_softmax(logits.half(), torch.tensor([[1, 0], [0, 0]]))  # K = 2 ids, float16 back
+    tensor([[-0.2876, -1.3867],
+            [-0.6934, -0.6934]], dtype=torch.float16)
+    """
+    return token_logprobs(logits, index, labels_name="index", k_ids=True)
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, gather: bool = True) -> torch.Tensor:
+    """TRL's ``logprobs_from_logits`` (``trl/core.py``, up to v0.11): the log-probs of ``labels`` (B, T) under
+    (B, T, V) logits, or with ``gather=False`` the whole ``log_softmax(logits, dim=2)``, (B, T, V), with
+    ``labels`` unused, as TRL's.
+
+    Both in the logits' dtype: half precision computed in float32 and rounded once (TRL's in the logits'
+    dtype). ``gather=True`` runs :func:`~kltutorial.logprobs.get_logprobs_for_tokens`, without TRL's
+    (B, T, V) log-softmax; ``gather=False`` returns that tensor, so it makes it. NaN, ``+inf`` and all
+    ``-inf`` positions raise ``ValueError`` (TRL's carries NaN on), and so do logits that are not 3-D (TRL's
+    normalises dimension 2, the vocabulary only for (B, T, V)).
+
+    Examples
+    --------
+    >>> logits = torch.log(torch.tensor([[[0.25, 0.75], [0.5, 0.5]]]))
+    >>> logprobs_from_logits(logits, torch.tensor([[1, 0]]))
+    tensor([[-0.2877, -0.6931]])
+    >>> logprobs_from_logits(logits, None, gather=False).exp()
+    tensor([[[0.2500, 0.7500],
+             [0.5000, 0.5000]]])
+    """
+    if not isinstance(gather, bool):
+        raise TypeError(f"gather must be a bool, got {type(gather).__name__}")
+    if not gather:
+        return full_log_softmax(logits)
+    return token_logprobs(logits, labels, ndim=3)

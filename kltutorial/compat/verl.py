@@ -1,9 +1,16 @@
-"""verl's names over the package's code: the KL controllers of ``verl/trainer/ppo/core_algos.py``.
+"""verl's names over the package's code: the KL controllers and KL penalties of
+``verl/trainer/ppo/core_algos.py`` and the log-prob and masked-mean functions of
+``verl/utils/torch_functional.py`` (v0.9).
 
 ``AdaptiveKLController(init_kl_coef, target_kl, horizon)`` with ``update(current_kl, n_steps)``, and
 ``FixedKLController(kl_coef)``; both keep the coefficient in ``.value`` and the adaptive one its target
-in ``.target``, as verl's do. See
-:mod:`kltutorial.compat` for what differs on purpose.
+in ``.target``, as verl's do. ``logprobs_from_logits(logits, labels, inplace_backward=True)`` and
+``logprobs_from_logits_v2(logits, labels)`` compute the labels' log-probs with
+:func:`~kltutorial.logprobs.get_logprobs_for_tokens` (where verl uses flash-attn's cross entropy if it is
+installed, else a row loop); ``logprobs_from_logits_naive`` is the textbook ``log_softmax`` then gather,
+:func:`~kltutorial.logprobs.naive_logprobs_for_tokens`; ``masked_mean(values, mask, axis=None)`` is verl's.
+Logits are (..., V) with labels (...): verl's own calls pass (N, V) with (N,), or (B, T, V) with (B, T).
+See :mod:`kltutorial.compat` for what differs on purpose.
 
 Examples
 --------
@@ -18,10 +25,23 @@ from __future__ import annotations
 
 import torch
 
+from .._validation import check_logits, check_token_ids
+from ..logprobs import naive_logprobs_for_tokens
 from ._controllers import PeerAdaptiveKLController, PeerFixedKLController
+from ._functional import masked_mean as _masked_mean
+from ._functional import token_logprobs
 from ._kl import sampled_penalty
 
-__all__ = ["AdaptiveKLController", "FixedKLController", "kl_penalty", "kl_penalty_forward"]
+__all__ = [
+    "AdaptiveKLController",
+    "FixedKLController",
+    "kl_penalty",
+    "kl_penalty_forward",
+    "logprobs_from_logits",
+    "logprobs_from_logits_naive",
+    "logprobs_from_logits_v2",
+    "masked_mean",
+]
 
 _FORWARD = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 
@@ -72,3 +92,77 @@ def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_pena
     """verl's ``kl_penalty_forward``: the plain names only (no ``+``), with the same clamps."""
     return sampled_penalty(logprob, ref_logprob, kl_penalty, allowed=_FORWARD,
                            library="verl's kl_penalty_forward")
+
+
+def logprobs_from_logits(
+    logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True
+) -> torch.Tensor:
+    """verl's ``logprobs_from_logits``: the log-prob of each label, ``log_softmax(logits, -1)`` gathered at
+    ``labels``; logits (..., V), labels (...), the result the shape of ``labels``.
+
+    Computed by :func:`~kltutorial.logprobs.get_logprobs_for_tokens` (chunked, its backward recomputing the
+    softmax), in the logits' dtype: verl's fallback (``logprobs_from_logits_v2``) returns that dtype, while
+    verl's flash-attn path returns float32 whatever the logits. ``inplace_backward`` is flash-attn's switch
+    to write the gradient over the logits; it is accepted and has nothing to switch here (the backward
+    allocates only the gradient). Where it differs on purpose: half precision computed in float32 and rounded
+    once; NaN, ``+inf`` and all ``-inf`` positions raise ``ValueError``, and so does a label outside ``[0,
+    V)`` (flash-attn's gives log-prob 0 for its ``ignore_index`` -100).
+
+    Examples
+    --------
+    >>> logits = torch.log(torch.tensor([[0.25, 0.75], [0.5, 0.5]]))  # (N, V)
+    >>> logprobs_from_logits(logits, torch.tensor([1, 0]))  # (N,): log 3/4, log 1/2
+    tensor([-0.2877, -0.6931])
+    """
+    if not isinstance(inplace_backward, bool):
+        raise TypeError(f"inplace_backward must be a bool, got {type(inplace_backward).__name__}")
+    return token_logprobs(logits, labels)
+
+
+def logprobs_from_logits_v2(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """verl's ``logprobs_from_logits_v2`` (its memory-saving row loop), here the same computation as
+    :func:`logprobs_from_logits`: the labels' log-probs in the logits' dtype, half precision computed in
+    float32 and rounded once (verl's runs ``log_softmax`` per row in the logits' dtype).
+
+    Examples
+    --------
+    >>> logprobs_from_logits_v2(torch.zeros(2, 3, 4), torch.zeros(2, 3, dtype=torch.long))[0]  # log 1/4
+    tensor([-1.3863, -1.3863, -1.3863])
+    """
+    return token_logprobs(logits, labels)
+
+
+def logprobs_from_logits_naive(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """verl's ``logprobs_from_logits_naive``: ``log_softmax(logits, -1)`` then gather, in the logits' dtype,
+    as verl writes it (:func:`~kltutorial.logprobs.naive_logprobs_for_tokens`: the full (..., V) log-softmax
+    is made, and half precision is computed by PyTorch's kernel in that precision, as verl's). The baseline
+    that verl's tests compare the other two with. Labels are checked (shape, range); the logits are not
+    scanned for NaN.
+
+    Examples
+    --------
+    >>> logprobs_from_logits_naive(torch.log(torch.tensor([[0.25, 0.75]])), torch.tensor([1]))
+    tensor([-0.2877])
+    """
+    check_logits(logits, "logits", ndim=None)
+    check_token_ids(labels, "labels", logits.shape[:-1], logits.shape[-1])
+    return naive_logprobs_for_tokens(logits, labels)
+
+
+def masked_mean(
+    values: torch.Tensor, mask: torch.Tensor, axis: int | tuple[int, ...] | None = None
+) -> torch.Tensor:
+    """verl's ``masked_mean``: ``sum(values * mask, axis) / (sum(mask, axis) + 1e-8)``, so an all-zero mask
+    gives 0. ``mask`` broadcasts to ``values`` as verl's does; entries where it is 0 never count, NaN there
+    included, as verl's ``masked_sum`` replaces them. Where it differs on purpose: NaN where the mask is not 0
+    raises ``ValueError`` (verl's returns NaN); a negative or non-finite mask raises; half-precision values
+    are summed in float32 (the result has verl's dtype).
+
+    Examples
+    --------
+    >>> masked_mean(torch.tensor([1.0, 2.0, float("nan"), 4.0]), torch.tensor([1, 0, 0, 1]))
+    tensor(2.5000)
+    >>> masked_mean(torch.tensor([[1.0, 3.0], [5.0, 7.0]]), torch.tensor([[1, 1], [0, 0]]), axis=-1)
+    tensor([2., 0.])
+    """
+    return _masked_mean(values, mask, axis, eps=1e-8, values_name="values", mask_name="mask", dim_name="axis")

@@ -1,6 +1,8 @@
 """kltutorial.compat's KL penalties against the peers' own code, written out below as their sources have it:
 verl's ``kl_penalty`` / ``kl_penalty_forward`` (``verl/trainer/ppo/core_algos.py``, with the ``+``
-straight-through) and TRL v0.11.4's ``PPOTrainer._kl_penalty`` and ``compute_rewards`` (as functions).
+straight-through), TRL v0.11.4's ``PPOTrainer._kl_penalty`` and ``compute_rewards`` (as functions) and
+OpenRLHF's ``compute_approx_kl`` (v0.11.0, and with PR #1309's ``log_probs_old``/``unbiased_gradient``)
+and ``compute_reward``.
 Values agree to float32 rounding (k3 is computed here as expm1(-d) + d, theirs as exp(-d) - 1 + d);
 gradients, clamps, padding, output dtypes and exceptions are theirs."""
 
@@ -161,20 +163,29 @@ def test_errors_name_the_peers_arguments():
         trl.kl_penalty(torch.full((2,), float("nan")), torch.zeros(2), "kl")
 
 
-# --- OpenRLHF v0.11.0 (openrlhf/models/utils.py) -----------------------------------------------------------
+# --- OpenRLHF v0.11.0 (openrlhf/models/utils.py), compute_approx_kl with PR #1309 --------------------------
 
 
-def _openrlhf_approx_kl(log_probs, log_probs_base, kl_estimator="k1"):
+def _openrlhf_approx_kl(log_probs, log_probs_base, log_probs_old=None, kl_estimator="k1",
+                        unbiased_gradient=False):  # v0.11.0's when unbiased_gradient is False
     log_ratio = log_probs.float() - log_probs_base.float()
     if kl_estimator == "k1":
-        pass
+        value = log_ratio
     elif kl_estimator == "k2":
-        log_ratio = log_ratio**2 / 2.0
+        value = log_ratio**2 / 2.0
     elif kl_estimator == "k3":
-        log_ratio = (-log_ratio).exp() - 1 + log_ratio
+        value = (-log_ratio).exp() - 1 + log_ratio
     else:
         raise ValueError(f"Unknown kl_estimator: {kl_estimator}")
-    return log_ratio.clamp(min=-10, max=10)
+    value = value.clamp(min=-10, max=10)
+    if not unbiased_gradient:
+        return value
+    if log_probs_old is None:
+        w = 1.0
+    else:
+        w = (log_probs.float() - log_probs_old.float()).exp().clamp(max=10.0).detach()
+    grad_surrogate = w * (log_ratio**2 / 2.0)
+    return value.detach() + grad_surrogate - grad_surrogate.detach()
 
 
 def _openrlhf_reward(r, kl_coef, kl, action_mask=None, reward_clip_range=None):
@@ -225,3 +236,37 @@ def test_openrlhf_compute_reward_raises_where_it_would_be_silently_wrong():
         openrlhf.compute_reward(torch.zeros(2), -0.1, kl, action_mask=torch.ones(2, 3))
     with pytest.raises(TypeError, match="needs action_mask"):
         openrlhf.compute_reward(torch.zeros(2), 0.1, kl)
+
+
+# --- compute_approx_kl with PR #1309's arguments ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["k1", "k2", "k3"])
+@pytest.mark.parametrize("off_policy", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_openrlhf_unbiased_gradient_is_openrlhfs(name, off_policy, dtype):
+    g = torch.Generator().manual_seed(8)
+    lp = (-3 * torch.rand(4, 16, generator=g, dtype=torch.float64)).to(dtype)
+    base = (-3 * torch.rand(4, 16, generator=g, dtype=torch.float64)).to(dtype)
+    lp[0, 0], base[0, 0] = -30.0, -0.1  # clamped value, unclamped gradient
+    old = (lp.double() + 2 * torch.randn(4, 16, generator=g, dtype=torch.float64)).to(dtype)
+    old = old if off_policy else None
+    ours_lp, theirs_lp = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+    ours = openrlhf.compute_approx_kl(ours_lp, base, old, name, unbiased_gradient=True)
+    theirs = _openrlhf_approx_kl(theirs_lp, base, old, name, unbiased_gradient=True)
+    assert ours.dtype == theirs.dtype == torch.float32
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+    ours.sum().backward()
+    theirs.sum().backward()
+    torch.testing.assert_close(ours_lp.grad, theirs_lp.grad, rtol=1e-6, atol=1e-6)
+    # the old log-probs are ignored without unbiased_gradient, as OpenRLHF's
+    torch.testing.assert_close(openrlhf.compute_approx_kl(lp, base, old, name),
+                               _openrlhf_approx_kl(lp, base, old, name), rtol=1e-6, atol=1e-6)
+
+
+def test_openrlhf_v0_11_positional_call_keeps_its_meaning():
+    lp, base = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0])
+    assert torch.equal(openrlhf.compute_approx_kl(lp, base, "k3"), openrlhf.compute_approx_kl(lp, base,
+                                                                                              kl_estimator="k3"))
+    with pytest.raises(TypeError, match="kl_estimator twice"):
+        openrlhf.compute_approx_kl(lp, base, "k3", "k2")
