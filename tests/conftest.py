@@ -1,6 +1,7 @@
 """Fixtures shared by several test modules.
 
-``house_style``: the book's figure style for one plotting test.
+``house_style``: the book's figure style for one plotting test; ``_close_figures``: every figure a
+plotting test (tests/test_plotting_*.py) opened is closed after it.
 
 The browser checks of the built book (tests marked ``book``) take pytest-playwright's fixtures
 (``browser``, one Chromium for the whole session; ``launch_browser``; ``new_context``), configured
@@ -49,6 +50,16 @@ def browser_type_launch_args(browser_type_launch_args: dict) -> dict:
 def browser_context_args(browser_context_args: dict) -> dict:
     """Every context pytest-playwright (or a test) opens for the built book: offline, light, 1x."""
     return {**browser_context_args, **BOOK_CONTEXT}
+
+
+@pytest.fixture(autouse=True)
+def _close_figures(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Close all matplotlib figures after each test of the plotting modules (tests/test_plotting_*.py)."""
+    yield
+    if request.path.name.startswith("test_plotting_"):
+        import matplotlib.pyplot as plt
+
+        plt.close("all")
 
 
 @pytest.fixture(scope="module")

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
 from kltutorial import plotting
 from kltutorial.patterns import illustrative_token_kl_patterns
 from kltutorial.simulate import simulate_training_trajectory
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 def _labelled(ax):
