@@ -298,38 +298,39 @@ def test_glue_many_checks_everything_before_gluing_anything(
 # --- print_table: the notebooks' printed tables --------------------------------------------------
 
 
-def test_print_table_aligns_a_header_and_labelled_rows(capsys: pytest.CaptureFixture[str]) -> None:
-    display.print_table({"π_ref": (0.0, 0.0241, 1.915), "β = 0.001": (12.629, 2.011, -5.0)},
-                        {"": "", "KL (nats)": ".3f", "proxy": ".3f", "gold": ".2f"})
-    assert capsys.readouterr().out == (
-        "          KL (nats) proxy  gold\n"
-        "    π_ref     0.000 0.024  1.92\n"
-        "β = 0.001    12.629 2.011 -5.00\n"
-    )
-
-
-def test_print_table_left_aligns_left_specs_and_allows_repeated_headers(
-        capsys: pytest.CaptureFixture[str]) -> None:
-    rows = [("ppo-k1-reward", 2.16, 0.03, 4), ("dr-grpo-k3-loss", 1.73, 0.055, 12)]
-    display.print_table(rows, [("recipe", "<"), ("min", ".2f"), ("min", ".3f"), ("step", "d")], gap=2)
-    assert capsys.readouterr().out == (
-        "recipe            min    min  step\n"
-        "ppo-k1-reward    2.16  0.030     4\n"
-        "dr-grpo-k3-loss  1.73  0.055    12\n"
-    )
-
-
-def test_print_table_writes_a_number_that_rounds_to_zero_without_its_sign(
-        capsys: pytest.CaptureFixture[str]) -> None:
+def _near_zero_row() -> list[tuple]:
     import numpy as np
     import torch
 
-    display.print_table([(-0.0004, np.float64(-0.001), torch.tensor(-0.0002), -0.006, -0.0004)],
-                        [("a", ".2f"), ("b", ".2f"), ("c", ".2f"), ("d", ".2f"), ("e", ".1%")])
-    assert capsys.readouterr().out == (
+    return [(-0.0004, np.float64(-0.001), torch.tensor(-0.0002), -0.006, -0.0004)]
+
+
+@pytest.mark.parametrize(("rows", "columns", "kwargs", "printed"), [
+    pytest.param(
+        {"π_ref": (0.0, 0.0241, 1.915), "β = 0.001": (12.629, 2.011, -5.0)},
+        {"": "", "KL (nats)": ".3f", "proxy": ".3f", "gold": ".2f"}, {},
+        "          KL (nats) proxy  gold\n"
+        "    π_ref     0.000 0.024  1.92\n"
+        "β = 0.001    12.629 2.011 -5.00\n",
+        id="labelled rows, aligned right"),
+    pytest.param(
+        [("ppo-k1-reward", 2.16, 0.03, 4), ("dr-grpo-k3-loss", 1.73, 0.055, 12)],
+        [("recipe", "<"), ("min", ".2f"), ("min", ".3f"), ("step", "d")], {"gap": 2},
+        "recipe            min    min  step\n"
+        "ppo-k1-reward    2.16  0.030     4\n"
+        "dr-grpo-k3-loss  1.73  0.055    12\n",
+        id="a left-aligned column, a repeated header, a wider gap"),
+    pytest.param(
+        _near_zero_row(), [("a", ".2f"), ("b", ".2f"), ("c", ".2f"), ("d", ".2f"), ("e", ".1%")], {},
         "   a    b    c     d    e\n"
-        "0.00 0.00 0.00 -0.01 0.0%\n"
-    )
+        "0.00 0.00 0.00 -0.01 0.0%\n",
+        id="a number that rounds to zero is written without its sign"),
+])
+def test_print_table_prints_an_aligned_header_and_rows(
+        capsys: pytest.CaptureFixture[str], rows: object, columns: object, kwargs: dict,
+        printed: str) -> None:
+    display.print_table(rows, columns, **kwargs)
+    assert capsys.readouterr().out == printed
 
 
 @pytest.mark.parametrize(("rows", "columns", "kwargs", "message"), [
