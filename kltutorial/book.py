@@ -22,11 +22,15 @@ from __future__ import annotations
 import ast
 import inspect
 import keyword
+import math
+import numbers
 import re
 import textwrap
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["SourceListing", "source_of", "show_source", "glue", "glued", "GluedValues"]
+__all__ = ["SourceListing", "source_of", "show_source", "glue", "glue_many", "glued", "GluedValues",
+           "print_table"]
 
 
 
@@ -151,10 +155,7 @@ def glue(name: str, value: Any, display: bool = False) -> None:
     In a notebook cell, ``glue("kl_mean", round(float(kl.mean()), 3))``; the Markdown shows it with
     the ``{eval}`` role and the expression ``f"{glued.kl_mean:.3f}"``.
     """
-    if not isinstance(name, str):
-        raise TypeError(f"name must be a str, got {type(name).__name__}")
-    if not name or name != name.strip():
-        raise ValueError(f"name must be a non-empty glue key without surrounding spaces, got {name!r}")
+    _check_glue_key(name)
     if not isinstance(display, bool):
         raise TypeError(f"display must be a bool, got {type(display).__name__}")
     from myst_nb import glue as myst_nb_glue  # the book's dependency, needed only in a notebook
@@ -162,3 +163,146 @@ def glue(name: str, value: Any, display: bool = False) -> None:
     myst_nb_glue(name, value, display=display)
     if name.isidentifier() and not keyword.iskeyword(name):
         setattr(glued, name, value)
+
+
+def _check_glue_key(name: Any) -> None:
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    if not name or name != name.strip():
+        raise ValueError(f"name must be a non-empty glue key without surrounding spaces, got {name!r}")
+
+
+def glue_many(values: Mapping[str, Any], *, digits: int) -> None:
+    """:func:`glue` every value of ``values`` under its key, numbers as plain rounded Python numbers.
+
+    The bulk form of ``glue(name, round(float(x), digits))``: an integer (Python's, NumPy's) is glued
+    as an ``int``; any other real number, or a 0-d array or tensor, as a ``float`` rounded to
+    ``digits`` decimals (as ``int`` when ``digits`` is 0, like ``round(x)``; a value that rounds to
+    zero is glued as ``0.0``, never ``-0.0``); a string as it is. Values that need different
+    precisions take one call each. Everything is checked before anything is glued.
+
+    Parameters
+    ----------
+    values : mapping of str to number or str
+        Glue keys and their values, glued in the mapping's order.
+    digits : int
+        Decimals kept of each non-integer number: the precision the prose prints (nbval compares
+        what is glued).
+
+    Examples
+    --------
+    ``glue_many({"kl_mean": kl.mean(), "kl_max": kl.max(), "n_runs": n_runs}, digits=3)`` glues
+    two floats rounded to 3 decimals and an int; the prose shows them as ``f"{glued.kl_mean:.3f}"``.
+    """
+    if not isinstance(values, Mapping):
+        raise TypeError(f"values must be a mapping of glue keys to values, got {type(values).__name__}")
+    if isinstance(digits, bool) or not isinstance(digits, int) or digits < 0:
+        raise ValueError(f"digits must be a non-negative int, got {digits!r}")
+    for name in values:
+        _check_glue_key(name)
+    plain = {name: _plain_value(name, value, digits) for name, value in values.items()}
+    for name, value in plain.items():
+        glue(name, value, display=False)
+
+
+def _plain_value(name: Any, value: Any, digits: int) -> int | float | str:
+    """``value`` as :func:`glue_many` glues it: a plain int, a rounded float, or a str."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if not isinstance(value, numbers.Real) and getattr(value, "ndim", None) == 0:
+        value = value.item()  # a 0-d NumPy array or torch tensor
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return int(value)
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"{name!r}: glue_many glues numbers and strings, got {type(value).__name__} "
+                        "(glue anything else with glue)")
+    if not math.isfinite(value):
+        raise ValueError(f"{name!r}: {value} is not a finite number")
+    if digits == 0:
+        return round(float(value))
+    return round(float(value), digits) + 0.0  # + 0.0 turns -0.0 into 0.0
+
+
+#: The book's code column: a printed line wider than this scrolls sideways (tests/test_notebooks.py).
+TABLE_MAX_WIDTH = 88
+
+
+def print_table(rows: Mapping[Any, Sequence[Any]] | Iterable[Sequence[Any]],
+                columns: Mapping[str, str] | Sequence[tuple[str, str]], *, gap: int = 1,
+                max_width: int | None = TABLE_MAX_WIDTH) -> None:
+    """Print rows as a text table: a header line, then one line per row, columns aligned.
+
+    Each column is as wide as its header or its widest value. Each value is written with its
+    column's format spec (``format(value, spec)``); a spec that starts with ``<`` (or ``^``), after
+    an optional fill character, aligns the column left (or centres it), else it is aligned right.
+    A number that rounds to zero at its column's precision is written without a minus sign.
+
+    Parameters
+    ----------
+    rows : mapping of label to sequence, or iterable of sequences
+        The rows. A mapping's keys are each row's first value (under the first column), so
+        ``{"β = 0.1": (kl, gold)}`` takes three columns.
+    columns : mapping of str to str, or sequence of (str, str)
+        Each column's header and format spec, in order: ``{"": "", "KL (nats)": ".3f"}``. A
+        sequence of pairs allows two columns with the same header.
+    gap : int
+        Spaces between columns.
+    max_width : int or None
+        The widest line allowed (the book's code column, 88 characters); None for no limit.
+
+    Raises
+    ------
+    ValueError
+        If a row has another number of values than there are columns, or a line is wider than
+        ``max_width``.
+
+    Examples
+    --------
+    >>> print_table({"π_ref": (0.0, 1.915), "β = 0.1": (5.208, 2.379)},
+    ...             {"": "<", "KL (nats)": ".3f", "gold": ".2f"})
+            KL (nats) gold
+    π_ref       0.000 1.92
+    β = 0.1     5.208 2.38
+    """
+    pairs = list(columns.items()) if isinstance(columns, Mapping) else [tuple(c) for c in columns]
+    if not pairs or any(len(c) != 2 or not all(isinstance(x, str) for x in c) for c in pairs):
+        raise ValueError("columns must be a non-empty mapping or sequence of (header, format spec) strings")
+    if isinstance(gap, bool) or not isinstance(gap, int) or gap < 0:
+        raise ValueError(f"gap must be a non-negative int, got {gap!r}")
+    if isinstance(rows, Mapping):
+        rows = [(label, *values) for label, values in rows.items()]
+    cells = []
+    for number, row in enumerate(rows):
+        row = tuple(row)
+        if len(row) != len(pairs):
+            raise ValueError(f"row {number} has {len(row)} values for {len(pairs)} columns: {row!r}")
+        cells.append([_table_cell(value, spec) for value, (_, spec) in zip(row, pairs, strict=True)])
+    aligns = [_table_align(spec) for _, spec in pairs]
+    widths = [max([len(header)] + [len(line[i]) for line in cells]) for i, (header, _) in enumerate(pairs)]
+    lines = [(" " * gap).join(f"{text:{align}{width}}" for text, align, width
+                              in zip(texts, aligns, widths, strict=True)).rstrip()
+             for texts in [[header for header, _ in pairs], *cells]]
+    wide = max(len(line) for line in lines)
+    if max_width is not None and wide > max_width:
+        raise ValueError(f"the table is {wide} characters wide, more than {max_width}: shorten its "
+                         "headers or labels, or split it")
+    print("\n".join(lines))
+
+
+def _table_cell(value: Any, spec: str) -> str:
+    if not isinstance(value, numbers.Real) and getattr(value, "ndim", None) == 0:
+        value = value.item()  # a 0-d NumPy array or torch tensor
+    text = format(value, spec)
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and value < 0:
+        zero = format(0.0, spec)  # -0.0004 at ".2f" is written 0.00, not -0.00
+        if format(-value, spec) == zero:
+            return zero
+    return text
+
+
+def _table_align(spec: str) -> str:
+    if len(spec) > 1 and spec[1] in "<>^":
+        return spec[1]
+    return spec[0] if spec[:1] in ("<", ">", "^") else ">"

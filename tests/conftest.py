@@ -1,9 +1,13 @@
 """Fixtures shared by several test modules.
 
-``house_style``: the book's figure style for one plotting test. ``browser``, for the browser checks
-of the built book (tests marked ``book``): one Chromium for the whole session, since Playwright's
-sync API cannot start a second instance while one is running, so every browser test module takes
-this fixture rather than launching its own.
+``house_style``: the book's figure style for one plotting test; ``_close_figures``: every figure a
+plotting test (tests/test_plotting_*.py) opened is closed after it.
+
+The browser checks of the built book (tests marked ``book``) take pytest-playwright's fixtures
+(``browser``, one Chromium for the whole session; ``launch_browser``; ``new_context``), configured
+here: its ``browser_type_launch_args`` launch Debian's Chromium (a check that cannot start fails,
+never skips), its ``browser_context_args`` make every context offline, and ``--browser`` may name
+only Chromium.
 """
 
 from __future__ import annotations
@@ -14,8 +18,7 @@ import matplotlib as mpl
 import numpy as np
 import pytest
 import torch
-from playwright.sync_api import Browser
-from test_book_html import launch_browser
+from test_book_html import BOOK_CONTEXT, chromium_launch_args
 
 from kltutorial import toyrlhf as toy
 from kltutorial.plotting import use_style
@@ -29,9 +32,34 @@ def house_style() -> Iterator[None]:
         yield
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    others = sorted(set(getattr(config.option, "browser", None) or ()) - {"chromium"})
+    if others:
+        raise pytest.UsageError(f"--browser {' '.join(others)}: the browser checks run on Debian's "
+                                "Chromium only (tests/test_book_html.py)")
+
+
 @pytest.fixture(scope="session")
-def browser() -> Iterator[Browser]:
-    yield from launch_browser()
+def browser_type_launch_args(browser_type_launch_args: dict) -> dict:
+    """pytest-playwright launches Debian's Chromium, headless and offline; fails without it. Its own
+    command-line options (``--headed``, ``--slowmo``) still apply."""
+    return {**chromium_launch_args(), **browser_type_launch_args}
+
+
+@pytest.fixture(scope="session")
+def browser_context_args(browser_context_args: dict) -> dict:
+    """Every context pytest-playwright (or a test) opens for the built book: offline, light, 1x."""
+    return {**browser_context_args, **BOOK_CONTEXT}
+
+
+@pytest.fixture(autouse=True)
+def _close_figures(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Close all matplotlib figures after each test of the plotting modules (tests/test_plotting_*.py)."""
+    yield
+    if request.path.name.startswith("test_plotting_"):
+        import matplotlib.pyplot as plt
+
+        plt.close("all")
 
 
 @pytest.fixture(scope="module")

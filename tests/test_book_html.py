@@ -28,18 +28,21 @@ deselects it. Every HTML page is opened at desktop width (1400 x 900) and at pho
 
 Two more tests open a figure by click and by keyboard, and search the book for "KL".
 
-One browser serves the whole session, with one offline context per viewport; each page is
-loaded once per viewport (storage cleared first, so it is a first visit) and every check above
-reads that one visit, so the cost grows with the number of pages, not of checks.
+One browser serves the whole session (pytest-playwright's ``browser``), with one offline context
+per viewport, kept for the session; each page is loaded once per viewport (storage cleared first,
+so it is a first visit) and every check above reads that one visit, so the cost grows with the
+number of pages, not of checks.
 
-The browser is Debian's Chromium driven by Playwright's sync API (``executable_path``;
-Playwright's own browser downloads are never used). Contexts are offline, and host-name
-resolution is switched off in the browser too, so anything that would fetch from the network
-fails and is reported.
+The browser is Debian's Chromium, which pytest-playwright launches with the options of
+:func:`chromium_launch_args` (``executable_path``: Playwright's own browser downloads are never
+used; tests/conftest.py overrides ``browser_type_launch_args`` with them). Contexts take
+:data:`BOOK_CONTEXT` (``browser_context_args``): offline, and host-name resolution is switched
+off in the browser too, so anything that would fetch from the network fails and is reported.
 
-Without Chromium (``/usr/bin/chromium`` or ``$CHROMIUM``) the tests fail, they never skip: ``make
-test`` installs it first where it is missing (``make chromium``). ``$KLTUTORIAL_HTML_DIR`` overrides
-the HTML folder (screenshots then go to its parent's ``screenshots/``).
+Without Chromium (``$CHROMIUM`` if set, else ``/usr/bin/chromium``) the tests fail, they never
+skip: ``make test`` installs it first where it is missing (``make chromium``).
+``$KLTUTORIAL_HTML_DIR`` overrides the HTML folder (screenshots then go to its parent's
+``screenshots/``).
 
 To add a check on every page: have :meth:`Reader.visit` record what it needs on
 :class:`PageReport` (a listener, or a field of :data:`READER_PROBE`), and assert it in a test
@@ -60,7 +63,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Page, Request, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Page, Request
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
@@ -88,6 +91,8 @@ CHROMIUM_FLAGS = [
     # Offline: every host name fails to resolve (the context is also set offline).
     "--host-resolver-rules=MAP * ~NOTFOUND",
 ]
+# Every context of the built-book checks (``browser_context_args``); a viewport is added per width.
+BOOK_CONTEXT = {"offline": True, "color_scheme": "light", "device_scale_factor": 1}
 
 
 def _pages() -> list[Path]:
@@ -118,9 +123,21 @@ def _unavailable(reason: str) -> None:
 
 
 def _find_chromium() -> str | None:
-    candidates = [os.environ.get("CHROMIUM"), "/usr/bin/chromium",
-                  shutil.which("chromium"), shutil.which("chromium-browser")]
+    """``$CHROMIUM`` when it is set (as in the Makefile's ``chromium`` target), else Debian's."""
+    if os.environ.get("CHROMIUM"):
+        candidates = [os.environ["CHROMIUM"]]
+    else:
+        candidates = ["/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")]
     return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+def chromium_launch_args() -> dict:
+    """pytest-playwright's launch options for Debian's Chromium, headless; fails without it."""
+    executable = _find_chromium()
+    if executable is None:
+        _unavailable("Chromium not found (apt-get install chromium, or set $CHROMIUM)")
+    return {"executable_path": executable, "headless": True, "args": CHROMIUM_FLAGS,
+            "timeout": PAGE_TIMEOUT_MS}
 
 
 @dataclass
@@ -355,25 +372,20 @@ def probe_math(page: Page) -> dict:
     raise PlaywrightError("the page kept navigating; the math probe never completed")
 
 
-def new_context(browser: Browser, width: str) -> BrowserContext:
-    context = browser.new_context(offline=True, color_scheme="light", device_scale_factor=1,
-                                  **VIEWPORTS[width])
-    context.set_default_timeout(PAGE_TIMEOUT_MS)
-    return context
-
-
 def screenshot_path(kind: str, page: Path) -> Path:
     return SCREENSHOT_DIR / kind / page.relative_to(HTML_DIR).with_suffix(".jpg")
 
 
 class Reader:
-    """One browser tab at one width, which visits pages one after the other."""
+    """One browser tab at one width, in ``context`` (opened at that width), which visits pages one
+    after the other."""
 
-    def __init__(self, browser: Browser, width: str) -> None:
+    def __init__(self, context: BrowserContext, width: str) -> None:
         self.width = width
         self.size = VIEWPORTS[width]["viewport"]
         self.current = PageReport(url="about:blank", width=width)
-        self.context = new_context(browser, width)
+        self.context = context
+        context.set_default_timeout(PAGE_TIMEOUT_MS)
 
         def on_request(request: Request) -> None:
             if not request.url.startswith(LOCAL_SCHEMES):
@@ -486,24 +498,10 @@ class Reader:
             return False
 
 
-def launch_browser() -> Iterator[Browser]:
-    """Headless Debian Chromium through Playwright; the session's one browser (tests/conftest.py)."""
-    executable = _find_chromium()
-    if executable is None:
-        _unavailable("Chromium not found (apt-get install chromium, or set $CHROMIUM)")
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=executable, headless=True, args=CHROMIUM_FLAGS, timeout=PAGE_TIMEOUT_MS,
-        )
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-
-
 @pytest.fixture(scope="session")
-def visit(browser: Browser) -> Iterator[Callable[[Path, str], PageReport]]:
-    """The report of a page at a width, visited on first use and kept for the session."""
+def visit(browser: Browser, browser_context_args: dict) -> Iterator[Callable[[Path, str], PageReport]]:
+    """The report of a page at a width, visited on first use and kept for the session (so its
+    contexts are the session's, not pytest-playwright's per-test ``context``)."""
     if SCREENSHOT_DIR.is_dir():
         shutil.rmtree(SCREENSHOT_DIR)  # no screenshot of a page that is no longer built
     readers: dict[str, Reader] = {}
@@ -511,7 +509,7 @@ def visit(browser: Browser) -> Iterator[Callable[[Path, str], PageReport]]:
     @functools.cache
     def visit(page: Path, width: str = "desktop") -> PageReport:
         if width not in readers:
-            readers[width] = Reader(browser, width)
+            readers[width] = Reader(browser.new_context(**browser_context_args, **VIEWPORTS[width]), width)
         return readers[width].visit(page)
 
     yield visit
@@ -762,47 +760,43 @@ def _first_figure(report_of: Callable[[Path], PageReport]) -> tuple[Path, dict]:
 
 
 def test_a_figure_opens_full_size_by_click_and_by_keyboard(
-        browser: Browser, report_of: Callable[[Path], PageReport]) -> None:
+        new_context: Callable[..., BrowserContext], report_of: Callable[[Path], PageReport]) -> None:
     page_path, img = _first_figure(report_of)
-    context = new_context(browser, "desktop")
-    try:
-        page = context.new_page()
-        for how in ("click", "keyboard"):
-            page.goto(page_path.as_uri(), wait_until="load")
-            image = page.locator(f"main img[src='{img['src']}']").first
-            if how == "click":
-                image.click()
-            else:
-                image.locator("xpath=ancestor::a[1]").focus()
-                page.keyboard.press("Enter")
-            page.wait_for_url(img["url"], timeout=STATE_TIMEOUT_MS)
-            shown = page.evaluate("() => ({type: document.contentType, width: document.images.length"
-                                  " ? document.images[0].naturalWidth : 0})")
-            assert shown["type"].startswith("image/") and shown["width"] == img["naturalWidth"], (
-                f"{_name(page_path)}: {how} on {img['src']} opened {page.url}, showing {shown}"
-            )
-    finally:
-        context.close()
+    context = new_context(**VIEWPORTS["desktop"])  # pytest-playwright's: closed after the test
+    context.set_default_timeout(PAGE_TIMEOUT_MS)
+    page = context.new_page()
+    for how in ("click", "keyboard"):
+        page.goto(page_path.as_uri(), wait_until="load")
+        image = page.locator(f"main img[src='{img['src']}']").first
+        if how == "click":
+            image.click()
+        else:
+            image.locator("xpath=ancestor::a[1]").focus()
+            page.keyboard.press("Enter")
+        page.wait_for_url(img["url"], timeout=STATE_TIMEOUT_MS)
+        shown = page.evaluate("() => ({type: document.contentType, width: document.images.length"
+                              " ? document.images[0].naturalWidth : 0})")
+        assert shown["type"].startswith("image/") and shown["width"] == img["naturalWidth"], (
+            f"{_name(page_path)}: {how} on {img['src']} opened {page.url}, showing {shown}"
+        )
 
 
-def test_search_finds_the_book_s_subject(browser: Browser) -> None:
+def test_search_finds_the_book_s_subject(new_context: Callable[..., BrowserContext]) -> None:
     search = HTML_DIR / "search.html"
     if not search.is_file():
         _unavailable(f"no search page in {HTML_DIR}")
-    reader = Reader(browser, "desktop")
-    try:
-        reader.current = report = PageReport(url=search.as_uri() + "?q=KL")
-        reader.page.goto(report.url, wait_until="load")
-        reader.page.wait_for_function(  # Sphinx sets this title when the search has finished
-            "() => /Search Results/.test(document.querySelector('#search-results h2')?.textContent || '')",
-            timeout=PAGE_TIMEOUT_MS)
-        results = reader.page.locator("#search-results ul.search li a[href]")
-        hits = results.count()
-        summary = reader.page.locator("#search-results .search-summary").inner_text()
-        first = results.first.get_attribute("href") if hits else None
-        reader.page.wait_for_timeout(LATE_EVENTS_MS)
-    finally:
-        reader.close()
+    reader = Reader(new_context(**VIEWPORTS["desktop"]), "desktop")
+    reader.current = report = PageReport(url=search.as_uri() + "?q=KL")
+    reader.page.goto(report.url, wait_until="load")
+    reader.page.wait_for_function(  # Sphinx sets this title when the search has finished
+        "() => /Search Results/.test(document.querySelector('#search-results h2')?.textContent || '')",
+        timeout=PAGE_TIMEOUT_MS)
+    results = reader.page.locator("#search-results ul.search li a[href]")
+    hits = results.count()
+    summary = reader.page.locator("#search-results .search-summary").inner_text()
+    first = results.first.get_attribute("href") if hits else None
+    reader.page.wait_for_timeout(LATE_EVENTS_MS)
+    reader.close()
     assert hits >= 1, f"searching the book for 'KL' found nothing ({report.url}): {summary}"
     assert first and (search.parent / first.split("#")[0]).is_file(), f"first result links nowhere: {first}"
     problems = report.errors + report.remote_requests

@@ -10,17 +10,17 @@ is a plotly plot whose JavaScript comes from the build (``_static/plotly.min.js`
   and the read-out line above the plot;
 * nothing was logged at error level.
 
-The browser, its offline flags and the failure without Chromium are those of
-``tests/test_book_html.py``.
+The browser, its offline flags and contexts, and the failure without Chromium are those of
+``tests/test_book_html.py`` (pytest-playwright's fixtures, configured in tests/conftest.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, ConsoleMessage, Page, Request
+from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Page, Request
 from test_book_html import HTML_DIR, LOCAL_SCHEMES, PAGE_TIMEOUT_MS, _unavailable
 
 pytestmark = pytest.mark.book
@@ -29,7 +29,6 @@ PAGE = HTML_DIR / "book" / "11-real-experiment.html"
 PLOT = "#fig-optimum-slider-plot"
 DESKTOP = {"width": 1400, "height": 900}
 PHONE = {"width": 390, "height": 844}
-
 
 
 # What the plot shows: the bar heights of pi*_beta (trace 1), the two markers' positions (traces 4
@@ -53,12 +52,11 @@ STATE = """
 """
 
 
-def _open(browser: Browser, viewport: dict) -> tuple[Page, dict]:
+def _open(context: BrowserContext) -> tuple[Page, dict]:
     """The page in a fresh offline context, the plot drawn; what it requested and logged."""
     if not PAGE.is_file():
         _unavailable(f"{PAGE} not built: run `make book` (or `make test`) first")
     report: dict = {"remote": [], "errors": [], "scripts": []}
-    context = browser.new_context(offline=True, viewport=viewport)
     context.set_default_timeout(PAGE_TIMEOUT_MS)
 
     def on_request(request: Request) -> None:
@@ -83,20 +81,22 @@ def _open(browser: Browser, viewport: dict) -> tuple[Page, dict]:
 
 
 @pytest.fixture(scope="module")
-def page(browser: Browser) -> Iterator[tuple[Page, dict]]:
-    pg, report = _open(browser, DESKTOP)
+def plot(browser: Browser, browser_context_args: dict) -> Iterator[tuple[Page, dict]]:
+    """The page at desktop width, shared by the module's tests (pytest-playwright's ``page`` is
+    opened anew for each test)."""
+    context = browser.new_context(**browser_context_args, viewport=DESKTOP)
     try:
-        yield pg, report
+        yield _open(context)
     finally:
-        pg.context.close()
+        context.close()
 
 
 def _state(page: Page) -> dict:
     return page.evaluate(STATE, PLOT)
 
 
-def test_plotly_comes_from_the_build(page: tuple[Page, dict]) -> None:
-    pg, report = page
+def test_plotly_comes_from_the_build(plot: tuple[Page, dict]) -> None:
+    pg, report = plot
     local = (HTML_DIR / "_static" / "plotly.min.js").resolve()
     assert local.is_file(), "the build has no _static/plotly.min.js (tools/plotly_offline.py)"
     assert [Path(pg.evaluate("u => new URL(u).pathname", url)) for url in report["scripts"]] == [local]
@@ -104,8 +104,8 @@ def test_plotly_comes_from_the_build(page: tuple[Page, dict]) -> None:
     assert not report["remote"], f"requests leave the build: {report['remote']}"
 
 
-def test_plot_is_drawn(page: tuple[Page, dict]) -> None:
-    pg, _ = page
+def test_plot_is_drawn(plot: tuple[Page, dict]) -> None:
+    pg, _ = plot
     state = _state(pg)
     assert state["svg"] >= 1 and state["slider"] == 1
     ref_bars, policy_bars = state["bars"]
@@ -114,8 +114,8 @@ def test_plot_is_drawn(page: tuple[Page, dict]) -> None:
     assert state["title"].startswith("β = ")
 
 
-def test_slider_changes_what_is_shown(page: tuple[Page, dict]) -> None:
-    pg, report = page
+def test_slider_changes_what_is_shown(plot: tuple[Page, dict]) -> None:
+    pg, report = plot
     before = _state(pg)
     rail = pg.locator(f"{PLOT} .slider-rail-touch-rect").first
     box = rail.bounding_box()
@@ -138,19 +138,16 @@ def test_slider_changes_what_is_shown(page: tuple[Page, dict]) -> None:
     assert not report["errors"], "\n".join(report["errors"])
 
 
-def test_plot_fits_a_phone(browser: Browser) -> None:
+def test_plot_fits_a_phone(new_context: Callable[..., BrowserContext]) -> None:
     """At 390 px the plot (responsive) is no wider than its column, and still drawn."""
-    pg, report = _open(browser, PHONE)
-    try:
-        widths = pg.evaluate("""sel => {
-            const gd = document.querySelector(sel), svg = gd.querySelector('svg.main-svg');
-            return {plot: svg.getBoundingClientRect().width,
-                    column: gd.parentElement.getBoundingClientRect().width,
-                    page: document.documentElement.scrollWidth};
-        }""", PLOT)
-        assert 0 < widths["plot"] <= widths["column"] + 1, widths
-        assert widths["page"] <= PHONE["width"] + 1, widths
-        assert len(_state(pg)["bars"][1]) == 6
-        assert not report["remote"] and not report["errors"], report
-    finally:
-        pg.context.close()
+    pg, report = _open(new_context(viewport=PHONE))  # pytest-playwright's: closed after the test
+    widths = pg.evaluate("""sel => {
+        const gd = document.querySelector(sel), svg = gd.querySelector('svg.main-svg');
+        return {plot: svg.getBoundingClientRect().width,
+                column: gd.parentElement.getBoundingClientRect().width,
+                page: document.documentElement.scrollWidth};
+    }""", PLOT)
+    assert 0 < widths["plot"] <= widths["column"] + 1, widths
+    assert widths["page"] <= PHONE["width"] + 1, widths
+    assert len(_state(pg)["bars"][1]) == 6
+    assert not report["remote"] and not report["errors"], report

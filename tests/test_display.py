@@ -252,3 +252,106 @@ def test_the_prose_expression_gives_the_same_text_in_the_kernel_and_in_the_book(
     in_kernel = eval(expression, {"glued": book.glued})  # noqa: S307  (what the kernel does)
     in_book = myst_eval.evaluate(expression, {"kl": 0.123, "share": 0.25})
     assert in_kernel == in_book == "0.123 nats, 25% of it"
+
+
+# --- glue_many: several numbers of one precision at once --------------------------------------------
+
+
+def test_glue_many_glues_plain_rounded_numbers_in_order(glue_calls: list[tuple]) -> None:
+    import numpy as np
+    import torch
+
+    book.glue_many({"kl_mean": np.float64(0.123456), "kl_max": torch.tensor(1.98765),
+                       "n_runs": np.int64(12), "n_seeds": 5, "tiny": -0.0001, "label": "k3",
+                       "share": 0.5}, digits=3)
+    assert glue_calls == [("kl_mean", 0.123, False), ("kl_max", 1.988, False), ("n_runs", 12, False),
+                          ("n_seeds", 5, False), ("tiny", 0.0, False), ("label", "k3", False),
+                          ("share", 0.5, False)]
+    # plain Python numbers, as glue's convention asks (what nbval compares and myst_eval reads)
+    assert [type(c[1]) for c in glue_calls] == [float, float, int, int, float, str, float]
+    assert str(glue_calls[4][1]) == "0.0"  # not -0.0
+    assert book.glued.kl_max == 1.988 and book.glued.n_runs == 12
+
+
+def test_glue_many_with_no_digits_glues_ints_as_round_does(glue_calls: list[tuple]) -> None:
+    book.glue_many({"bias_pct": 12.6, "count": 3}, digits=0)
+    assert glue_calls == [("bias_pct", 13, False), ("count", 3, False)]
+    assert type(glue_calls[0][1]) is int
+
+
+@pytest.mark.parametrize(("values", "digits", "error", "message"), [
+    ({"kl": 0.1, "fig": object()}, 2, TypeError, "'fig': glue_many glues numbers and strings, got object"),
+    ({"kl": 0.1, "flag": True}, 2, TypeError, "'flag': glue_many glues numbers and strings, got bool"),
+    ({"kl": float("nan")}, 2, ValueError, "'kl': nan is not a finite number"),
+    ({"kl": 0.1, " kl": 1.0}, 2, ValueError, "without surrounding spaces, got ' kl'"),
+    ({"kl": 0.1}, -1, ValueError, "digits must be a non-negative int, got -1"),
+    ({"kl": 0.1}, 2.0, ValueError, "digits must be a non-negative int, got 2.0"),
+    ([("kl", 0.1)], 2, TypeError, "values must be a mapping of glue keys to values, got list"),
+])
+def test_glue_many_checks_everything_before_gluing_anything(
+        glue_calls: list[tuple], values: object, digits: object, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        book.glue_many(values, digits=digits)
+    assert glue_calls == []
+
+
+# --- print_table: the notebooks' printed tables --------------------------------------------------
+
+
+def _near_zero_row() -> list[tuple]:
+    import numpy as np
+    import torch
+
+    return [(-0.0004, np.float64(-0.001), torch.tensor(-0.0002), -0.006, -0.0004)]
+
+
+@pytest.mark.parametrize(("rows", "columns", "kwargs", "printed"), [
+    pytest.param(
+        {"π_ref": (0.0, 0.0241, 1.915), "β = 0.001": (12.629, 2.011, -5.0)},
+        {"": "", "KL (nats)": ".3f", "proxy": ".3f", "gold": ".2f"}, {},
+        "          KL (nats) proxy  gold\n"
+        "    π_ref     0.000 0.024  1.92\n"
+        "β = 0.001    12.629 2.011 -5.00\n",
+        id="labelled rows, aligned right"),
+    pytest.param(
+        [("ppo-k1-reward", 2.16, 0.03, 4), ("dr-grpo-k3-loss", 1.73, 0.055, 12)],
+        [("recipe", "<"), ("min", ".2f"), ("min", ".3f"), ("step", "d")], {"gap": 2},
+        "recipe            min    min  step\n"
+        "ppo-k1-reward    2.16  0.030     4\n"
+        "dr-grpo-k3-loss  1.73  0.055    12\n",
+        id="a left-aligned column, a repeated header, a wider gap"),
+    pytest.param(
+        _near_zero_row(), [("a", ".2f"), ("b", ".2f"), ("c", ".2f"), ("d", ".2f"), ("e", ".1%")], {},
+        "   a    b    c     d    e\n"
+        "0.00 0.00 0.00 -0.01 0.0%\n",
+        id="a number that rounds to zero is written without its sign"),
+])
+def test_print_table_prints_an_aligned_header_and_rows(
+        capsys: pytest.CaptureFixture[str], rows: object, columns: object, kwargs: dict,
+        printed: str) -> None:
+    book.print_table(rows, columns, **kwargs)
+    assert capsys.readouterr().out == printed
+
+
+@pytest.mark.parametrize(("rows", "columns", "kwargs", "message"), [
+    ([(1.0, 2.0)], {"x": ".1f"}, {}, r"row 0 has 2 values for 1 columns: \(1.0, 2.0\)"),
+    ({"a": (1.0,)}, {"": "", "x": ".1f", "y": ".1f"}, {}, "row 0 has 2 values for 3 columns"),
+    ([(1.0,)], {}, {}, "columns must be a non-empty mapping"),
+    ([(1.0,)], [("x",)], {}, "columns must be a non-empty mapping"),
+    ([(1.0,)], {"x": ".1f"}, {"gap": -1}, "gap must be a non-negative int, got -1"),
+    ([("a" * 80, 1.0)], [("name", ""), ("value", ".3f")], {"max_width": 80},
+     "the table is 86 characters wide, more than 80"),
+    ([("a" * 82, 1.0)], [("name", ""), ("value", ".3f")], {"gap": 3},
+     "the table is 90 characters wide, more than 88"),
+])
+def test_print_table_refuses_bad_rows_and_lines_wider_than_the_column(
+        capsys: pytest.CaptureFixture[str], rows: object, columns: object, kwargs: dict,
+        message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        book.print_table(rows, columns, **kwargs)
+    assert capsys.readouterr().out == ""
+
+
+def test_print_table_without_a_width_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    book.print_table([("a" * 100,)], [("name", "")], max_width=None)
+    assert [len(line) for line in capsys.readouterr().out.splitlines()] == [100, 100]

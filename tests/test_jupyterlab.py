@@ -19,8 +19,9 @@ own, its settings and workspaces in a temporary folder) on a copy of the fixture
 A screenshot goes to ``screenshots/jupyterlab/`` next to the built book's HTML folder (see
 tests/test_book_html.py). The server is stopped at the end by killing its process group.
 
-Marked ``book``, so it runs in ``make html-check`` (the unit-test run deselects it). Without
-Chromium or jupyterlab-myst it fails (never skips).
+Marked ``book``, so it runs in ``make html-check`` (the unit-test run deselects it). Chromium is
+pytest-playwright's (``launch_browser``, with the book check's launch options, tests/conftest.py),
+launched with the flags below. Without Chromium or jupyterlab-myst it fails (never skips).
 """
 
 from __future__ import annotations
@@ -36,16 +37,15 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from importlib.util import find_spec
 from pathlib import Path
 
 import nbformat
 import pytest
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import Browser, Page
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
-from test_book_html import CHROMIUM_FLAGS, SCREENSHOT_DIR, _find_chromium, _unavailable
+from test_book_html import CHROMIUM_FLAGS, SCREENSHOT_DIR, _unavailable
 
 pytestmark = pytest.mark.book
 
@@ -62,6 +62,14 @@ RUN_TIMEOUT_MS = 30_000
 # The book check's flags, with 127.0.0.1 (the server) exempt from "no host resolves".
 LAB_FLAGS = [f"{flag}, EXCLUDE 127.0.0.1" if flag.startswith("--host-resolver-rules=") else flag
              for flag in CHROMIUM_FLAGS]
+
+
+@pytest.fixture
+def lab_browser(launch_browser: Callable[..., Browser]) -> Iterator[Browser]:
+    """A Chromium of its own (pytest-playwright's launch options) that may reach 127.0.0.1."""
+    browser = launch_browser(args=LAB_FLAGS)
+    yield browser
+    browser.close()
 
 
 def _free_port() -> int:
@@ -160,61 +168,49 @@ def _state(page: Page) -> dict:
     return page.evaluate(NOTEBOOK_STATE)
 
 
-def _read_in_jupyterlab(lab: str, executable: str) -> tuple[dict, dict, list[str], list[str]]:
+def _read_in_jupyterlab(lab: str, browser: Browser) -> tuple[dict, dict, list[str], list[str]]:
     """Open the notebook, record what it shows, run every cell, record it again."""
     remote: list[str] = []
     crashes: list[str] = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=executable, headless=True,
-                                             args=LAB_FLAGS)
-        try:
-            context = browser.new_context(viewport={"width": 1400, "height": 900})
-            context.on("request", lambda r: None if r.url.startswith(
-                ("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:")) else remote.append(r.url))
-            page = context.new_page()
-            page.on("pageerror", lambda exc: crashes.append(str(exc)))
-            page.goto(lab, wait_until="load", timeout=LAB_TIMEOUT_MS)
-            # The notebook is open, its kernel started, its Markdown rendered by jupyterlab-myst.
-            page.wait_for_function(
-                "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
-                " return Boolean(w && w.content && w.sessionContext && w.sessionContext.session"
-                " && w.sessionContext.session.kernel && w.sessionContext.session.kernel.status === 'idle'"
-                " && w.node.querySelector('.jp-MarkdownCell .myst .katex')); }",
-                timeout=LAB_TIMEOUT_MS)
-            opened = _state(page)
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.on("request", lambda r: None if r.url.startswith(
+        ("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:")) else remote.append(r.url))
+    page = context.new_page()
+    page.on("pageerror", lambda exc: crashes.append(str(exc)))
+    page.goto(lab, wait_until="load", timeout=LAB_TIMEOUT_MS)
+    # The notebook is open, its kernel started, its Markdown rendered by jupyterlab-myst.
+    page.wait_for_function(
+        "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+        " return Boolean(w && w.content && w.sessionContext && w.sessionContext.session"
+        " && w.sessionContext.session.kernel && w.sessionContext.session.kernel.status === 'idle'"
+        " && w.node.querySelector('.jp-MarkdownCell .myst .katex')); }",
+        timeout=LAB_TIMEOUT_MS)
+    opened = _state(page)
 
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-            page.wait_for_function(
-                "() => { const w = window.jupyterapp.shell.currentWidget;"
-                " const code = w.content.widgets.filter(c => c.model.type === 'code');"
-                " return code.every(c => c.model.executionCount !== null)"
-                "   && w.sessionContext.session.kernel.status === 'idle'; }",
-                timeout=RUN_TIMEOUT_MS)
-            # jupyterlab-myst asks the kernel for the {eval} expressions after the cells ran.
-            page.wait_for_function(
-                f"() => document.body.innerText.replace(/\\s+/g, ' ').includes({FIXTURE_SENTENCE!r})",
-                timeout=RUN_TIMEOUT_MS)
-            page.wait_for_function(
-                "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'",
-                timeout=RUN_TIMEOUT_MS)
-            ran = _state(page)
-            shot = SCREENSHOT_DIR / "jupyterlab" / FIXTURE.with_suffix(".jpg").name
-            shot.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=shot, type="jpeg", quality=70)
-        finally:
-            browser.close()
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    page.wait_for_function(
+        "() => { const w = window.jupyterapp.shell.currentWidget;"
+        " const code = w.content.widgets.filter(c => c.model.type === 'code');"
+        " return code.every(c => c.model.executionCount !== null)"
+        "   && w.sessionContext.session.kernel.status === 'idle'; }",
+        timeout=RUN_TIMEOUT_MS)
+    # jupyterlab-myst asks the kernel for the {eval} expressions after the cells ran.
+    page.wait_for_function(
+        f"() => document.body.innerText.replace(/\\s+/g, ' ').includes({FIXTURE_SENTENCE!r})",
+        timeout=RUN_TIMEOUT_MS)
+    page.wait_for_function(
+        "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'",
+        timeout=RUN_TIMEOUT_MS)
+    ran = _state(page)
+    shot = SCREENSHOT_DIR / "jupyterlab" / FIXTURE.with_suffix(".jpg").name
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=shot, type="jpeg", quality=70)
     return opened, ran, remote, crashes
 
 
-def test_jupyterlab_renders_myst_and_runs_the_notebook(lab: str) -> None:
-    executable = _find_chromium()
-    if executable is None:
-        _unavailable("Chromium not found (apt-get install chromium, or set $CHROMIUM)")
+def test_jupyterlab_renders_myst_and_runs_the_notebook(lab: str, lab_browser: Browser) -> None:
     started = time.monotonic()
-    # In a thread of its own: the sync API cannot start while another sync_playwright (the book
-    # check's session browser) runs in this thread.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        opened, ran, remote, crashes = pool.submit(_read_in_jupyterlab, lab, executable).result()
+    opened, ran, remote, crashes = _read_in_jupyterlab(lab, lab_browser)
     elapsed = time.monotonic() - started
 
     title, numbers = opened["markdown"][0], opened["markdown"][1]
@@ -262,59 +258,50 @@ CHAPTER_STATE = r"""
 """
 
 
-def _read_chapters(lab: str, executable: str) -> dict[str, dict]:
+def _read_chapters(lab: str, browser: Browser) -> dict[str, dict]:
     """Open each chapter in one JupyterLab page, read what it shows, close it and its kernel."""
     states: dict[str, dict] = {}
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=executable, headless=True, args=LAB_FLAGS)
+    page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+    # JupyterLab itself, with no document in the URL (one would open after ours, and win).
+    page.goto(lab.replace(f"/lab/tree/{FIXTURE.name}", "/lab"), wait_until="load",
+              timeout=LAB_TIMEOUT_MS)
+    page.wait_for_function("() => Boolean(window.jupyterapp)", timeout=LAB_TIMEOUT_MS)
+    page.evaluate("async () => { await window.jupyterapp.restored; return true; }")
+    for chapter in CHAPTERS:
+        path = f"book/{chapter.name}"
+        page.evaluate("async (path) => {"
+                      " await window.jupyterapp.commands.execute('docmanager:open', {path});"
+                      " return true; }", path)
+        # jupyterlab-myst has rendered every Markdown cell; images have had time to load.
         try:
-            page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
-            # JupyterLab itself, with no document in the URL (one would open after ours, and win).
-            page.goto(lab.replace(f"/lab/tree/{FIXTURE.name}", "/lab"), wait_until="load",
-                      timeout=LAB_TIMEOUT_MS)
-            page.wait_for_function("() => Boolean(window.jupyterapp)", timeout=LAB_TIMEOUT_MS)
-            page.evaluate("async () => { await window.jupyterapp.restored; return true; }")
-            for chapter in CHAPTERS:
-                path = f"book/{chapter.name}"
-                page.evaluate("async (path) => {"
-                              " await window.jupyterapp.commands.execute('docmanager:open', {path});"
-                              " return true; }", path)
-                # jupyterlab-myst has rendered every Markdown cell; images have had time to load.
-                try:
-                    page.wait_for_function(
-                        "(path) => { const w = window.jupyterapp.shell.currentWidget;"
-                        " if (!w || !w.context || w.context.path !== path || !w.content) return false;"
-                        " const md = w.content.widgets.filter(c => c.model.type === 'markdown');"
-                        " return md.length > 0 && md.every(c => c.node.querySelector("
-                        "   '.jp-MarkdownOutput, .jp-Cell-inputArea > .myst'))"
-                        "   && [...w.node.querySelectorAll('.jp-MarkdownCell img')]"
-                        "        .every(i => i.complete); }",
-                        arg=path, timeout=LAB_TIMEOUT_MS)
-                except PlaywrightTimeout:
-                    pass  # what is shown is read below, and the test says what is missing
-                opened = page.evaluate("(path) => { const w = window.jupyterapp.shell.currentWidget;"
-                                       " return Boolean(w && w.context && w.context.path === path); }", path)
-                states[chapter.name] = page.evaluate(CHAPTER_STATE) if opened else {
-                    "cells": -1, "renderedCells": 0, "text": [], "images": [], "unknown": 0}
-                # the screenshot shows the chapter's first figure (or its top), as the reader sees it
-                page.evaluate("() => { const img = document.querySelector('.jp-MarkdownCell figure img');"
-                              " if (img) img.scrollIntoView({block: 'center'}); }")
-                shot = SCREENSHOT_DIR / "jupyterlab" / chapter.with_suffix(".jpg").name
-                page.screenshot(path=shot, type="jpeg", quality=60)
-                page.evaluate("async () => { const w = window.jupyterapp.shell.currentWidget;"
-                              " await w.sessionContext.shutdown(); w.dispose(); }")
-        finally:
-            browser.close()
+            page.wait_for_function(
+                "(path) => { const w = window.jupyterapp.shell.currentWidget;"
+                " if (!w || !w.context || w.context.path !== path || !w.content) return false;"
+                " const md = w.content.widgets.filter(c => c.model.type === 'markdown');"
+                " return md.length > 0 && md.every(c => c.node.querySelector("
+                "   '.jp-MarkdownOutput, .jp-Cell-inputArea > .myst'))"
+                "   && [...w.node.querySelectorAll('.jp-MarkdownCell img')]"
+                "        .every(i => i.complete); }",
+                arg=path, timeout=LAB_TIMEOUT_MS)
+        except PlaywrightTimeout:
+            pass  # what is shown is read below, and the test says what is missing
+        opened = page.evaluate("(path) => { const w = window.jupyterapp.shell.currentWidget;"
+                               " return Boolean(w && w.context && w.context.path === path); }", path)
+        states[chapter.name] = page.evaluate(CHAPTER_STATE) if opened else {
+            "cells": -1, "renderedCells": 0, "text": [], "images": [], "unknown": 0}
+        # the screenshot shows the chapter's first figure (or its top), as the reader sees it
+        page.evaluate("() => { const img = document.querySelector('.jp-MarkdownCell figure img');"
+                      " if (img) img.scrollIntoView({block: 'center'}); }")
+        shot = SCREENSHOT_DIR / "jupyterlab" / chapter.with_suffix(".jpg").name
+        page.screenshot(path=shot, type="jpeg", quality=60)
+        page.evaluate("async () => { const w = window.jupyterapp.shell.currentWidget;"
+                      " await w.sessionContext.shutdown(); w.dispose(); }")
     return states
 
 
-def test_every_chapter_shows_its_numbers_and_figures_in_jupyterlab(lab: str) -> None:
-    executable = _find_chromium()
-    if executable is None:
-        _unavailable("Chromium not found (apt-get install chromium, or set $CHROMIUM)")
+def test_every_chapter_shows_its_numbers_and_figures_in_jupyterlab(lab: str, lab_browser: Browser) -> None:
     (SCREENSHOT_DIR / "jupyterlab").mkdir(parents=True, exist_ok=True)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        states = pool.submit(_read_chapters, lab, executable).result()
+    states = _read_chapters(lab, lab_browser)
     problems = []
     for chapter in CHAPTERS:
         state, source = states[chapter.name], nbformat.read(chapter, as_version=4)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
@@ -10,12 +9,6 @@ from kltutorial.controllers import AdaptiveKLController, DoublingKLController
 from kltutorial.plotting.control_study import plot_gain_sweep, plot_rules_on_plant, plot_step_response
 from kltutorial.studies.control import StepMetrics, measure_step, simulate_step_response
 from kltutorial.studies.dynamics import simulate_training_with_controller
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 def _response():

@@ -19,12 +19,6 @@ from kltutorial.plotting import ControlTrace
 from kltutorial.studies.dynamics import simulate_training_with_controller
 
 
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
-
-
 def _labelled(ax):
     return bool(ax.get_xlabel()) and bool(ax.get_ylabel())
 

@@ -8,19 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
 from kltutorial.monitoring import detect_spikes
 from kltutorial.plotting import diagnostics as pd
 from kltutorial.plotting.style import FIG_WIDTH
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 @dataclass(frozen=True)

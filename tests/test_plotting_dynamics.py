@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
 from kltutorial import plotting
 from kltutorial.studies.dynamics import illustrative_token_kl_patterns, simulate_training_trajectory
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 def _labelled(ax):

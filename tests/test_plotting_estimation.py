@@ -14,12 +14,6 @@ from kltutorial.plotting.estimation import plot_estimator_distributions, plot_kl
 from kltutorial.studies.estimation import estimator_samples, sample_gaussian_pair
 
 
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
-
-
 def _runs() -> dict:
     rng = np.random.default_rng(0)
     counts = [2, 5, 10, 50, 100]

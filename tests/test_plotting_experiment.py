@@ -9,19 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
 from kltutorial import plotting
 
 T = 5  # token positions of the toy task
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 @dataclass(frozen=True)

@@ -8,19 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
 from kltutorial import exact as ex
 from kltutorial.plotting import FIG_WIDTH
 from kltutorial.plotting import foundations as figs
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 @dataclass(frozen=True)

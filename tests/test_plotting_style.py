@@ -16,12 +16,6 @@ from kltutorial import plotting
 from kltutorial.plotting import style
 
 
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
-
-
 def _lightness(color):
     r, g, b = to_rgb(color)
     return 0.299 * r + 0.587 * g + 0.114 * b
