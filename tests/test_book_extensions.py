@@ -4,8 +4,7 @@
   cites it, on other pages, and every such link lands on the citation;
 * ``tools/api_docs.py``: a reference to a re-exported name (``kltutorial.AdaptiveKLController``)
   or to a dataclass field links to where it is documented, a misspelt one still warns, a
-  constant's doc comment is rendered as written, and ``remaining-modules`` documents each public
-  module the page does not list (under "Other modules"), and nothing when it lists them all.
+  constant's doc comment is rendered as written.
 """
 
 from __future__ import annotations
@@ -160,50 +159,3 @@ def test_a_misspelt_api_reference_still_warns(tmp_path: Path, target: str) -> No
         nitpick_ignore_regex = [("py:class", r"(torch|numpy|matplotlib|collections\\.abc)\\..*")]
         """)
     assert f"reference target not found: {target}" in warnings, warnings
-
-
-def _demo_package(root: Path) -> None:
-    pkg = root / "pgdemo"
-    (pkg / "sub").mkdir(parents=True)
-    (pkg / "__init__.py").write_text('"""The demo package."""\n')
-    (pkg / "a.py").write_text('"""Module a."""\n\n\ndef f():\n    """F."""\n')
-    (pkg / "b.py").write_text('"""Module b."""\n\n\ndef g():\n    """G."""\n')
-    (pkg / "_private.py").write_text('"""Private."""\n')
-    (pkg / "sub" / "__init__.py").write_text('"""A subpackage."""\n')
-    (pkg / "sub" / "c.py").write_text('"""Module c."""\n\n\ndef h():\n    """H."""\n')
-
-
-@pytest.mark.parametrize("listed", [["pgdemo.a"], ["pgdemo", "pgdemo.a", "pgdemo.b", "pgdemo.sub",
-                                                   "pgdemo.sub.c"]])
-def test_modules_the_page_does_not_list_are_documented_at_its_end(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, listed: list[str]) -> None:
-    _demo_package(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    sections = "".join(f"""
-            {name}
-            {'-' * len(name)}
-
-            .. automodule:: {name}
-               :members:
-            """ for name in listed)
-    files = {"index.rst": f"""
-            API
-            ===
-            {sections}
-            .. remaining-modules:: pgdemo
-            """}
-    out, warnings = _build(tmp_path, files, """
-        extensions = ["sphinx.ext.autodoc", "api_docs"]
-        """)
-    assert "WARNING" not in warnings, warnings
-    html = (out / "index.html").read_text()
-    documented = re.findall(r'id="module-(pgdemo[a-z._]*)"', html)
-    expected = {"pgdemo", "pgdemo.a", "pgdemo.b", "pgdemo.sub", "pgdemo.sub.c"}
-    if len(listed) == 1:
-        # listed first, then the rest under "Other modules", a section beside the listed one
-        assert re.search(r'<section id="other-modules">\s*<h2>Other modules', html), html
-        assert sorted(documented) == sorted(expected) and "_private" not in html
-        assert 'id="pgdemo.b.g"' in html and 'id="pgdemo.sub.c.h"' in html
-    else:
-        assert "Other modules" not in html
-        assert sorted(documented) == sorted(expected)

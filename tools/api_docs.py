@@ -26,28 +26,22 @@ words before the colon as its *type*, and under ``-n`` warn that no class of tha
 package writes these short docstrings as plain reST; this extension gives autodoc them as written,
 before and after napoleon (functions, classes and modules go through napoleon as usual).
 
-Modules not yet arranged
+What autodoc does itself
 ------------------------
-``book/api.md`` lists the modules in the order of the sections. A module added to the package
-later would be missing from it, and a docstring that links to it would fail the strict build. The
-directive ``.. remaining-modules:: kltutorial``, at the end of the page, documents every public
-module (no ``_`` in its dotted name, no ``__main__``) that the page has not documented above it,
-under a heading "Other modules", and nothing when there is none (a package with its docstring
-only; its modules document its members). The page is read again on every
-build, so a new module appears without editing it.
+The page is plain autodoc: one ``automodule`` per module, in the order of the package's layers. A new
+module must be added to it by hand; ``tests/test_layout.py`` fails until it is, so the page never
+misses one. This extension keeps only the two things autodoc does not do: following references to
+re-exported names, and passing short doc comments through napoleon untouched.
 """
 
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from typing import Any
 
 from docutils import nodes
-from docutils.statemachine import StringList
 from sphinx.application import Sphinx
 from sphinx.environment import BuildEnvironment
-from sphinx.util.docutils import SphinxDirective
 from sphinx.util.nodes import make_refnode
 
 PACKAGE = "kltutorial"
@@ -143,72 +137,7 @@ def _restore_raw_doc(app: Sphinx, what: str, name: str, obj: Any, options: Any,
         lines[:] = _RAW_DOCS.pop((what, name))
 
 
-def _public_modules(package: str) -> list[str]:
-    root = importlib.import_module(package)
-    names = [package]
-    for info in pkgutil.walk_packages(root.__path__, package + "."):
-        if not any(part.startswith("_") for part in info.name.split(".")):
-            names.append(info.name)
-    return sorted(names)
-
-
-class RemainingModules(SphinxDirective):
-    """Document each public module of a package that the page has not documented yet."""
-
-    required_arguments = 1
-
-    def run(self) -> list[nodes.Node]:
-        self.env.kltutorial_api_docs = getattr(self.env, "kltutorial_api_docs", set())  # type: ignore[attr-defined]
-        self.env.kltutorial_api_docs.add(self.env.docname)  # type: ignore[attr-defined]
-        documented = {name for name, entry in self.env.get_domain("py").modules.items()  # type: ignore[attr-defined]
-                      if entry.docname == self.env.docname}
-        remaining = [name for name in _public_modules(self.arguments[0]) if name not in documented]
-        if not remaining:
-            return []
-        section = nodes.section(ids=["other-modules"], names=["other modules"])
-        section += nodes.title("", "Other modules")
-        section += nodes.paragraph("", "Modules added to the package after this page was arranged.")
-        for name in remaining:
-            # A package's members are its modules' (documented with them), as in the curated list.
-            is_package = hasattr(importlib.import_module(name), "__path__")
-            lines = [f".. automodule:: {name}"] + ([] if is_package else ["   :members:"]) + [""]
-            rst = StringList(lines, source=self.get_source_info()[0])
-            self.state.nested_parse(rst, self.content_offset, section)
-        return [section]
-
-
-def _lift_other_modules(app: Sphinx, doctree: nodes.document) -> None:
-    """Make "Other modules" a sibling of the module section it was written in, not its child."""
-    for section in list(doctree.findall(nodes.section)):
-        if "other-modules" not in section["ids"]:
-            continue
-        parent = section.parent
-        if isinstance(parent, nodes.section) and isinstance(parent.parent, nodes.section):
-            parent.remove(section)
-            grand = parent.parent
-            grand.insert(grand.index(parent) + 1, section)
-
-
-def _always_reread(app: Sphinx, env: BuildEnvironment, added: set[str], changed: set[str],
-                   removed: set[str]) -> list[str]:
-    return sorted(getattr(env, "kltutorial_api_docs", set()) - removed)
-
-
-def _purge(app: Sphinx, env: BuildEnvironment, docname: str) -> None:
-    getattr(env, "kltutorial_api_docs", set()).discard(docname)
-
-
-def _merge(app: Sphinx, env: BuildEnvironment, docnames: set[str], other: BuildEnvironment) -> None:
-    env.kltutorial_api_docs = (getattr(env, "kltutorial_api_docs", set())  # type: ignore[attr-defined]
-                               | getattr(other, "kltutorial_api_docs", set()))
-
-
 def setup(app: Sphinx) -> dict[str, Any]:
-    app.add_directive("remaining-modules", RemainingModules)
-    app.connect("env-get-outdated", _always_reread)
-    app.connect("doctree-read", _lift_other_modules, priority=400)  # before the TOC is collected
-    app.connect("env-purge-doc", _purge)
-    app.connect("env-merge-info", _merge)
     app.connect("missing-reference", resolve_reexport)
     # napoleon handles autodoc-process-docstring at the default priority, 500.
     app.connect("autodoc-process-docstring", _keep_raw_doc, priority=400)
