@@ -29,8 +29,8 @@ finite sum (§3, §5, §11); the per-token fixed points of each recipe (§9); ex
 ====================  ====================================================  ========
 ``studies``           one module per section's measurement: ``estimation``  4-12
                       (§4), ``beta_scale`` and ``reference_cost`` (§6),
-                      ``control`` (§7), ``dynamics`` (§10), ``scaling_fit``
-                      (§11), ``diagnostics``, ``bench``,
+                      ``control`` (§7), ``dynamics`` (§10),
+                      ``scaling_fit`` (§11), ``diagnostics``, ``bench``,
                       ``bench_simulation`` (§12)
 ``toyrlhf``           a real RLHF run on an enumerable output space, its    9, 11
                       recipes (PPO, RLOO, GRPO variants) and a transformer
