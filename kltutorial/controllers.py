@@ -21,10 +21,15 @@ behind the peers' signatures.
 - :class:`FixedKLController`: :math:`\beta` never changes.
 - :class:`AdaptiveKLController`: the proportional controller of Ziegler et al. (2019),
   ``lm-human-preferences``; TRL (up to v0.11), OpenRLHF and verl ship the same rule.
-- :class:`DoublingKLController`: the band ("bang-bang") rule of the source handbook's section 8,
+- :class:`DoublingKLController`: the band ("bang-bang") rule of section 8, "Code Implementation", of
+  the Language AI Handbook's chapter "KL Divergence Penalty" (the text the book grew from),
   which doubles or halves :math:`\beta` outside a band around the target. It is *not* the rule of
   InstructGPT (Ouyang et al., 2022), which reports a fixed KL coefficient.
-- :class:`ExponentialKLController`: the smooth multiplicative rule of the handbook's section 10.
+- :class:`ExponentialKLController`: the smooth multiplicative rule of that chapter's section 10.
+
+Notation: :math:`k` counts updates, :math:`\mathrm{KL}^{(k)}` is the KL measured at update :math:`k`
+(the argument ``kl``; the book keeps :math:`\mathrm{KL}_t` for the KL at position :math:`t` of a
+response) and :math:`\beta_k` the coefficient it was measured with.
 
 Library sources read: ``lm_human_preferences/train_policy.py``; TRL ``trl/trainer/utils.py`` and
 ``trl/trainer/ppo_config.py`` (v0.11.4); OpenRLHF ``openrlhf/trainer/ppo_utils/kl_controller.py`` and
@@ -213,7 +218,7 @@ class KLController:
 
 
 class FixedKLController(KLController):
-    r"""A constant coefficient: :math:`\beta_{t+1} = \beta_t`.
+    r"""A constant coefficient: :math:`\beta_{k+1} = \beta_k`.
 
     The same as the libraries' ``FixedKLController(kl_coef)``, whose ``update`` does nothing.
 
@@ -238,8 +243,8 @@ class FixedKLController(KLController):
 class AdaptiveKLController(KLController):
     r"""Proportional KL controller of Ziegler et al. (2019).
 
-    .. math::  e_t = \mathrm{clip}\!\left(\frac{\mathrm{KL}_t}{\mathrm{KL}_{\mathrm{target}}} - 1,
-               -0.2,\, 0.2\right), \qquad \beta_{t+1} = \beta_t \,\max\!\left(1 + e_t \frac{n}{H},\;
+    .. math::  e_k = \mathrm{clip}\!\left(\frac{\mathrm{KL}^{(k)}}{\mathrm{KL}_{\mathrm{target}}} - 1,
+               -0.2,\, 0.2\right), \qquad \beta_{k+1} = \beta_k \,\max\!\left(1 + e_k \frac{n}{H},\;
                0.01\right)
 
     with :math:`n` the number of samples (sequences) the update's KL was measured on, which is what
@@ -248,7 +253,18 @@ class AdaptiveKLController(KLController):
     (``horizon=10000``, ``n_steps`` = batch size) :math:`\beta` moves slowly. Each update changes
     :math:`\log\beta` in proportion to the error (Ziegler et al. call it a log-space proportional
     controller), so :math:`\beta` accumulates the error over updates: on :math:`\beta` it acts as an
-    integral controller, which is why it overshoots (book section 7, ``kltutorial.studies.control``).
+    integral controller. That removes any lasting offset from the target; it makes the KL overshoot
+    only when the gain :math:`n/H` is high for the training run it controls. On the invented plant of
+    book section 7 (``kltutorial.studies.control``) the loop overshoots once :math:`n/H` exceeds a
+    critical gain of about :math:`a/4`, :math:`a` being the share of a deviation of the KL that the
+    run itself removes per update (0.0089 at a target of 4 nats); below it, after a change of target,
+    the KL reaches the new target from one side. (A start with :math:`\beta` far below its balance
+    lets the KL run past the target even below that gain, because the clip limits how fast
+    :math:`\beta` rises; book section 8.)
+
+    Ziegler et al. (2019, section 2.2) write the factor as :math:`1 + K_\beta e_k` with a constant
+    :math:`K_\beta = 0.1`. Their code, and every library after it, has :math:`n/H` instead: 0.0512 for
+    the runs with a target in lm-human-preferences' ``launch.py`` (batch 512, horizon 10000).
 
     Parameters
     ----------
@@ -266,16 +282,16 @@ class AdaptiveKLController(KLController):
     (``openrlhf/trainer/ppo_utils/kl_controller.py``) and verl (``verl/trainer/ppo/core_algos.py``): all
     four compute ``value *= 1 + clip(current / target - 1, -0.2, 0.2) * n_steps / horizon``, and the
     coefficients here are bit-for-bit theirs whenever their factor is at least 0.01, i.e. whenever
-    :math:`e_t\,n/H \ge -0.99` (every ``n_steps <= 4.95 * horizon``), and their :math:`\beta` a normal
+    :math:`e_k\,n/H \ge -0.99` (every ``n_steps <= 4.95 * horizon``), and their :math:`\beta` a normal
     positive float.
 
-    **Where it differs: β stays positive and finite.** Their factor :math:`1 + e_t n/H` reaches 0 at
+    **Where it differs: β stays positive and finite.** Their factor :math:`1 + e_k n/H` reaches 0 at
     ``n_steps = 5 * horizon`` (with the KL 20 % or more below target) and is negative beyond, which
     makes :math:`\beta` negative: the penalty becomes a bonus for drifting from the reference. Here the
     factor is floored at ``MIN_FACTOR = 0.01``, so one update divides :math:`\beta` by at most 100, and
     :math:`\beta` is kept within the positive, finite floats. The floor keeps the rule monotone in
     ``n_steps`` and continuous, and leaves every ordinary update untouched. (The continuous-time limit
-    :math:`\beta\,e^{e_t n/H}` would be smoother but would change every update, and underflows to 0.)
+    :math:`\beta\,e^{e_k n/H}` would be smoother but would change every update, and underflows to 0.)
 
     **Interface.** ``update(kl, n_steps=1)`` returns the new :math:`\beta` (theirs return ``None`` and name
     the KL ``current`` or ``current_kl``: :mod:`kltutorial.compat` has their signatures) and treats
@@ -314,7 +330,7 @@ class AdaptiveKLController(KLController):
         )
 
     def next_beta(self, beta: ArrayLike, kl: ArrayLike, n_steps: int = 1) -> ArrayLike:
-        error = np.clip(np.asarray(kl) / self.target_kl - 1.0, -0.2, 0.2)  # e_t
+        error = np.clip(np.asarray(kl) / self.target_kl - 1.0, -0.2, 0.2)  # e_k
         # the libraries' factor, in their order of operations, floored so that β stays positive
         factor = np.maximum(1.0 + error * n_steps / self.horizon, MIN_FACTOR)
         with np.errstate(over="ignore", under="ignore"):  # an overflow to inf is clipped just below
@@ -344,12 +360,12 @@ class _ClampedKLController(KLController):
 class DoublingKLController(_ClampedKLController):
     r"""Band ("bang-bang") rule: double above the band, halve below it, clamp.
 
-    .. math::  \beta_{t+1} = \mathrm{clip}\left(\begin{cases}
-               f\,\beta_t & \mathrm{KL}_t > b \cdot \mathrm{KL}_{\mathrm{target}} \\
-               \beta_t / f & \mathrm{KL}_t < \mathrm{KL}_{\mathrm{target}} / b \\
-               \beta_t & \text{otherwise}\end{cases},\ \beta_{\min},\ \beta_{\max}\right)
+    .. math::  \beta_{k+1} = \mathrm{clip}\left(\begin{cases}
+               f\,\beta_k & \mathrm{KL}^{(k)} > b \cdot \mathrm{KL}_{\mathrm{target}} \\
+               \beta_k / f & \mathrm{KL}^{(k)} < \mathrm{KL}_{\mathrm{target}} / b \\
+               \beta_k & \text{otherwise}\end{cases},\ \beta_{\min},\ \beta_{\max}\right)
 
-    This is the rule of the source handbook's section 8, there labelled "InstructGPT style"; neither
+    This is the rule of the handbook chapter's section 8, there labelled "InstructGPT style"; neither
     InstructGPT nor the libraries use it. Inside the band it does nothing, so :math:`\beta` stays wherever
     the last excursion left it, at a clamp if the excursion was long. It has no horizon: ``n_steps`` only
     matters as 0 (no update).
@@ -400,10 +416,10 @@ class DoublingKLController(_ClampedKLController):
 
 
 class ExponentialKLController(_ClampedKLController):
-    r"""Smooth multiplicative rule of the source handbook's section 10.
+    r"""Smooth multiplicative rule of the handbook chapter's section 10.
 
-    .. math::  \beta_{t+1} = \mathrm{clip}\left(\beta_t \exp\!\left(g\,
-               \frac{\mathrm{KL}_t - \mathrm{KL}_{\mathrm{target}}}{\mathrm{KL}_{\mathrm{target}}}\right),
+    .. math::  \beta_{k+1} = \mathrm{clip}\left(\beta_k \exp\!\left(g\,
+               \frac{\mathrm{KL}^{(k)} - \mathrm{KL}_{\mathrm{target}}}{\mathrm{KL}_{\mathrm{target}}}\right),
                \ \beta_{\min},\ \beta_{\max}\right)
 
     Unlike the proportional controller its error is not clipped, so a large excursion moves

@@ -4,25 +4,30 @@ the linearised loop.
 **The plant is invented.** It is model 2 of :mod:`kltutorial.studies.dynamics` (the handbook's §10 toy,
 :func:`~kltutorial.studies.dynamics.controlled_step`)::
 
-    KL_{t+1} = max(0.1, KL_t + 0.14 − 0.08 β_t KL_t + σ ε_t)
+    KL^(k+1) = max(0.1, KL^(k) + 0.14 − 0.08 β_k KL^(k) + σ ε_k)
 
-whose constants no experiment produced; with β fixed it settles at 1.75 / β. This module closes the
-loop around it with any controller of :mod:`kltutorial.controllers` (their pure rule ``next_beta``,
-applied elementwise to all runs), lets the target change during the run (a *step*), and measures
-the response as a control engineer would: rise time, overshoot, settling time.
+whose constants no experiment produced; with β fixed it settles at 1.75 / β. (k counts updates;
+the book keeps KL_t for the KL at position t of a response, and KL_target for the target.)
+
+This module closes the loop around it with any controller of :mod:`kltutorial.controllers` (their
+pure rule ``next_beta``, applied elementwise to all runs), lets the target change during the run (a
+*step*), and measures the response as a control engineer would: rise time, overshoot, settling time.
 
 Two results do not depend on the plant at all, only on the controller:
 
 * :func:`updates_to_scale`: the proportional controller of Ziegler et al. (2019) clips its error to
   ±0.2, so one update changes β by a factor of at most ``1 + 0.2 g`` with ``g = n_steps / horizon``;
   scaling β by a factor F takes at least ``log F / log(1 + 0.2 g)`` updates, whatever the plant.
-* log β is the running sum of ``log(1 + g e_t)`` (the error's history): integral action on β.
+* log β is the running sum of ``log(1 + g e_k)`` (the error's history): integral action on β. It
+  removes any lasting offset from the target; by itself it does not make the loop overshoot.
 
 Two results are of this plant, linearised at the target (:func:`linearised_loop`,
-:func:`critical_gain`): for the loop of a rule whose log β moves by ``g e_t`` per update, the
-determinant of the Jacobian is ``1 − a`` with ``a = 0.14 / KL_target`` whatever the gain, so above the
-critical gain (complex eigenvalues, an oscillating loop) more gain no longer speeds up the decay of
-the envelope, it only makes the loop swing faster and overshoot more.
+:func:`critical_gain`): for the loop of a rule whose log β moves by ``g e_k`` per update, the
+determinant of the Jacobian is ``1 − a`` with ``a = 0.14 / KL_target`` (the share of a deviation of
+the KL that the plant removes per update at fixed β) whatever the gain. Below the critical gain
+``g_c ≈ a / 4`` the eigenvalues are real, an overdamped loop, and the book's step responses do not
+overshoot there; above it (complex eigenvalues, an oscillating loop) they do, and more gain no longer
+speeds up the decay of the envelope, it only makes the loop swing faster and overshoot more.
 
 Shapes: K rows (controllers, or gains), N seeds, ``n_steps + 1`` recorded steps (index 0 the start).
 """
@@ -87,7 +92,7 @@ class StepResponse:
     kl : ndarray, shape (K, N, n_steps + 1)
         KL (nats); ``kl[..., 0]`` is the start, the balance at the first target.
     beta : ndarray, shape (K, N, n_steps + 1)
-        ``beta[..., t]`` is in force during step t + 1 (it produced ``kl[..., t + 1]``).
+        ``beta[..., k]`` is in force during step k + 1 (it produced ``kl[..., k + 1]``).
     target_before, target_after : float
         The target (nats) up to and from ``switch_step`` on.
     switch_step : int
@@ -124,13 +129,13 @@ def simulate_step_response(
 ) -> StepResponse:
     r"""Closed loop on the invented plant, with the target changed at ``switch_step``.
 
-    Row k runs the rule of ``before[k]`` until the KL of step ``switch_step − 1``, then the rule of
-    ``after[k]`` (the same rule with its new target). Every row starts at the balance of the first
-    target, :math:`\mathrm{KL}_0 = \mathrm{KL}_{\mathrm{before}}`, :math:`\beta_0 = 1.75 /
+    Row i runs the rule of ``before[i]`` until the KL of step ``switch_step − 1``, then the rule of
+    ``after[i]`` (the same rule with its new target). Every row starts at the balance of the first
+    target, :math:`\mathrm{KL}^{(0)} = \mathrm{KL}_{\mathrm{before}}`, :math:`\beta_0 = 1.75 /
     \mathrm{KL}_{\mathrm{before}}`, so the run is still until the step. Each step:
 
-    1. the plant moves, ``KL_{t+1} = controlled_step(KL_t, β_t, ε_t, σ)``;
-    2. the controller reacts, ``β_{t+1} = next_beta(β_t, KL_{t+1}, n_k)``.
+    1. the plant moves, ``KL^(k+1) = controlled_step(KL^(k), β_k, ε_k, σ)``;
+    2. the controller of row i reacts, ``β_{k+1} = next_beta(β_k, KL^(k+1), n_i)``.
 
     Parameters
     ----------
@@ -232,11 +237,12 @@ def measure_step(
     r"""Measure step responses: rise time, overshoot, settling time.
 
     With the change :math:`\Delta = \mathrm{after} - \mathrm{before}` and the normalised response
-    :math:`u_t = (\mathrm{KL}_t - \mathrm{before}) / \Delta` (0 before, 1 on the new target):
+    :math:`u_k = (\mathrm{KL}^{(k)} - \mathrm{before}) / \Delta` (0 before, 1 on the new target), and
+    :math:`k_s` = ``switch_step``:
 
-    * rise time: the first :math:`t - t_s` with :math:`u_t \ge 0.9`;
-    * overshoot: :math:`\max(0, \max_{t \ge t_s} u_t - 1)`;
-    * settling time: the first :math:`t - t_s` after which :math:`|u - 1| \le` ``tolerance`` to the end.
+    * rise time: the first :math:`k - k_s` with :math:`u_k \ge 0.9`;
+    * overshoot: :math:`\max(0, \max_{k \ge k_s} u_k - 1)`;
+    * settling time: the first :math:`k - k_s` after which :math:`|u - 1| \le` ``tolerance`` to the end.
 
     Parameters
     ----------
@@ -282,17 +288,19 @@ def measure_step(
 
 
 def linearised_loop(target_kl: float, gain: float) -> np.ndarray:
-    r"""Jacobian of the noise-free loop at its balance, in the state :math:`(\mathrm{KL} - T, \log\beta
-    - \log\beta^*)`.
+    r"""Jacobian of the noise-free loop at its balance, in the state :math:`(x, y) = (\mathrm{KL} -
+    \mathrm{KL}_{\mathrm{target}}, \log\beta - \log\beta^*)`.
 
-    For a rule whose :math:`\log\beta` moves by :math:`g\,e` with :math:`e = \mathrm{KL}/T - 1` (the
-    proportional controller inside its clip, with :math:`g = n/H` to first order; the exponential rule
-    with :math:`g` its ``gain``), the plant :math:`\mathrm{KL}' = \mathrm{KL} + p - q\beta\mathrm{KL}`
-    gives, with :math:`a = q\beta^* = p / T`,
+    For a rule whose :math:`\log\beta` moves by :math:`g\,e` with :math:`e = \mathrm{KL}/
+    \mathrm{KL}_{\mathrm{target}} - 1` (the proportional controller inside its clip, with
+    :math:`g = n/H` to first order; the exponential rule with :math:`g` its ``gain``), the plant
+    :math:`\mathrm{KL}' = \mathrm{KL} + p - q\beta\mathrm{KL}` gives, with
+    :math:`a = q\beta^* = p / \mathrm{KL}_{\mathrm{target}}` and
+    :math:`c = g / \mathrm{KL}_{\mathrm{target}}`,
 
-    .. math::  x' = (1 - a)\,x - p\,y, \qquad y' = y + \frac{g}{T}\,x'
+    .. math::  x' = (1 - a)\,x - p\,y, \qquad y' = y + c\,x'
                \quad\Longrightarrow\quad
-               A = \begin{pmatrix} 1 - a & -p \\ \frac{g}{T}(1 - a) & 1 - \frac{g p}{T}\end{pmatrix},
+               A = \begin{pmatrix} 1 - a & -p \\ c\,(1 - a) & 1 - c\,p\end{pmatrix},
 
     whose determinant is :math:`1 - a` whatever :math:`g`.
 
@@ -313,10 +321,13 @@ def critical_gain(target_kl: float) -> float:
     The eigenvalues of :func:`linearised_loop` are complex when :math:`\mathrm{tr}^2 < 4 \det`, i.e.
     :math:`(2 - a - a g)^2 < 4 (1 - a)`, i.e.
 
-    .. math::  g > g_c = \frac{(1 - \sqrt{1 - a})^2}{a} \approx \frac{a}{4}, \qquad a = 0.14 / T.
+    .. math::  g > g_c = \frac{(1 - \sqrt{1 - a})^2}{a} \approx \frac{a}{4}, \qquad
+               a = 0.14 / \mathrm{KL}_{\mathrm{target}}.
 
-    >>> round(critical_gain(6.0), 4)
-    0.0059
+    Below :math:`g_c` the eigenvalues are real (an overdamped loop).
+
+    >>> round(critical_gain(6.0), 4), round(critical_gain(4.0), 4)
+    (0.0059, 0.0089)
     """
     target_kl = check_positive(target_kl, "target_kl")
     p, _ = plant_push_pull()
