@@ -6,7 +6,9 @@ The library's monitoring: it imports only the library and works on the tensors a
    worth logging at every step: the batch means of the per-sequence k1 and k3 sums with their standard
    errors, the share of sequences and of tokens whose k1 is negative, and the largest sequence k1
    (:class:`KLLogStats`); :func:`sequence_k1_k3` gives the two per-sequence sums themselves and
-   :func:`entropy` the entropy of next-token distributions.
+   :func:`entropy` the entropy of next-token distributions. :func:`exact_kl_check` compares k1 with the
+   exact per-position KL on the same batch, the check of the sampler that stays valid far from the
+   reference, where the k1 - k3 gap raises false alarms.
 2. **Spikes.** :func:`detect_spikes` flags the steps of a logged series that lie far above the rolling
    median of the steps before them, in units of their median absolute deviation (MAD).
 
@@ -37,6 +39,7 @@ from ._validation import (
 __all__ = [
     "KLLogStats",
     "kl_log_stats",
+    "exact_kl_check",
     "sequence_k1_k3",
     "entropy",
     "MAD_TO_STD",
@@ -82,7 +85,16 @@ class KLLogStats:
     @property
     def gap(self) -> float:
         """``k1 - k3``: the mean of :math:`\\sum_t (1 - \\pi_\\mathrm{ref}(y_t \\mid y_{<t}) / \\pi(y_t \\mid
-        y_{<t}))`, which is exactly 0 in expectation for tokens sampled from the policy, whatever the KL."""
+        y_{<t}))`, which is exactly 0 in expectation for tokens sampled from the policy, whatever the KL.
+
+        Its per-token variance is :math:`\\chi^2(\\pi_\\mathrm{ref} \\| \\pi)` of the next-token
+        distributions, and the ratio has a heavy right tail wherever the policy has pushed down tokens the
+        reference likes. Near the reference (that :math:`\\chi^2` small) a gap of many :attr:`gap_se` says
+        the tokens did not come from the policy; far from it, correct batches cross that line too, because a
+        typical batch misses the rare large ratios and so has a biased mean and too small a standard error
+        (:func:`kltutorial.studies.diagnostics.gap_false_alarms` measures how often). There,
+        :func:`exact_kl_check` is the test to use. A k3 clamped at 10, as verl and OpenRLHF clamp it,
+        biases the gap upwards on correct samples."""
         return self.k1 - self.k3
 
 
@@ -120,8 +132,10 @@ def kl_log_stats(
     policy, k1 and k3 both estimate :math:`\\mathrm{KL}(\\pi \\| \\pi_\\mathrm{ref})` without bias: their
     difference, per token :math:`1 - \\pi_\\mathrm{ref}(y_t \\mid y_{<t}) / \\pi(y_t \\mid y_{<t})`, has mean
     :math:`1 - \\sum_v \\pi_\\mathrm{ref}(v \\mid y_{<t}) = 0` (where the policy gives every token the
-    reference can produce some probability). A gap of many ``gap_se``, or a negative
-    mean k1, says the tokens did not come from the policy whose log-probs were used.
+    reference can produce some probability). A negative mean k1 says the tokens did not come from the
+    policy whose log-probs were used; so does a gap of many ``gap_se`` while the policy is near the
+    reference, but far from it the gap's standard error misleads and correct batches cross that line too
+    (see :attr:`KLLogStats.gap`; :func:`exact_kl_check` stays valid there).
 
     Parameters
     ----------
@@ -166,6 +180,74 @@ def kl_log_stats(
         max_sequence_k1=float(k1.max()),
         n=B,
     )
+
+
+def exact_kl_check(
+    policy_logprobs: torch.Tensor,
+    reference_logprobs: torch.Tensor,
+    position_kl: torch.Tensor,
+    mask: torch.Tensor | None = None,
+) -> tuple[float, float]:
+    """k1 against the exact per-position KL on the same batch: the mean of their difference and its
+    standard error, a check of the sampler that stays valid far from the reference.
+
+    .. math::
+        \\bar d = \\frac{1}{B} \\sum_{i=1}^{B} \\sum_t m_{i,t} \\big(\\Delta_{i,t} - \\mathrm{KL}_{i,t}\\big),
+        \\qquad \\mathrm{se} = \\frac{s}{\\sqrt{B}}
+
+    with :math:`\\Delta_{i,t}` the log-ratio of the sampled token and :math:`\\mathrm{KL}_{i,t} =
+    \\mathrm{KL}(\\pi(\\cdot \\mid y_{<t}) \\| \\pi_\\mathrm{ref}(\\cdot \\mid y_{<t}))` the exact KL of
+    the next-token distributions at its prefix (:func:`kltutorial.logprobs.exact_kl` of both models'
+    logits). Given the prefix, :math:`\\Delta_t` has mean :math:`\\mathrm{KL}_t` when the token is drawn
+    from the policy, so :math:`\\bar d` has mean 0 on correct samples and moves when the tokens come from
+    elsewhere. The k1 - k3 gap's per-token variance is :math:`\\chi^2(\\pi_\\mathrm{ref} \\| \\pi)`, where
+    a token the policy has pushed down by :math:`\\delta` nats weighs :math:`e^{\\delta}`; here each term's
+    variance is that of the log-ratio given the prefix, where it weighs :math:`\\delta`. So ``d / se``
+    stays close to a standard normal on correct samples much farther from the reference than the gap's
+    z does (:func:`kltutorial.studies.diagnostics.gap_false_alarms` measures both), and no clamp biases
+    it. The price: both models' full next-token distributions at every position, so log it on a few
+    batches.
+
+    Parameters
+    ----------
+    policy_logprobs, reference_logprobs : Tensor, shape (B, T)
+        Log-probs of the sampled tokens under :math:`\\pi` and :math:`\\pi_\\mathrm{ref}`.
+    position_kl : Tensor, shape (B, T)
+        :math:`\\mathrm{KL}_t` at each position's prefix, finite.
+    mask : Tensor, shape (B, T) or (T,), optional
+        The positions that count (default: all).
+
+    Returns
+    -------
+    (float, float)
+        :math:`\\bar d` and its standard error (NaN for B = 1).
+
+    Examples
+    --------
+    >>> lp = torch.tensor([[-1.0, -2.0], [-1.0, -1.0]])
+    >>> lq = torch.tensor([[-2.0, -1.0], [-1.5, -1.0]])
+    >>> kl = torch.tensor([[0.25, 0.0], [0.25, 0.0]])  # per sequence: 0 - 0.25, 0.5 - 0.25
+    >>> exact_kl_check(lp, lq, kl)[0]
+    0.0
+    """
+    policy_logprobs, reference_logprobs = check_tensor_pair(
+        policy_logprobs, "policy_logprobs", reference_logprobs, "reference_logprobs"
+    )
+    if policy_logprobs.dim() != 2:
+        raise ValueError(f"policy_logprobs must have shape (B, T), got {tuple(policy_logprobs.shape)}")
+    position_kl = check_float_tensor(position_kl, "position_kl")
+    if position_kl.shape != policy_logprobs.shape:
+        raise ValueError(
+            f"position_kl must have the shape of the log-probs, {tuple(policy_logprobs.shape)}, one KL per "
+            f"sampled position; got {tuple(position_kl.shape)}"
+        )
+    m = check_positions_mask(mask, tuple(policy_logprobs.shape))
+    log_ratio = policy_logprobs.to(torch.float64) - reference_logprobs.to(torch.float64)  # (B, T)
+    d = log_ratio - position_kl.to(torch.float64)
+    per_sequence = torch.where(m, d, torch.zeros_like(d)).sum(-1)  # (B,)
+    B = per_sequence.shape[0]
+    se = float(per_sequence.std() / math.sqrt(B)) if B > 1 else math.nan
+    return float(per_sequence.mean()), se
 
 
 def entropy(logprobs: torch.Tensor) -> torch.Tensor:

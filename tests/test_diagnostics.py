@@ -1,6 +1,7 @@
 """Tests of kltutorial.monitoring and kltutorial.studies.diagnostics (book section 12): log statistics
 and exact expectations, the samplers against their definitions, per-token KL tables against the chain rule,
-spike detector on series whose spikes are known, and a table of bad inputs."""
+spike detector on series whose spikes are known, the false alarms of the k1 - k3 gap against exact moments
+and the log line's own numbers, and a table of bad inputs."""
 
 from __future__ import annotations
 
@@ -249,9 +250,98 @@ def test_flat_history_uses_the_floor():
     assert np.isnan(short.median).all() and short.indices.size == 0
 
 
+# --- false alarms of the k1 - k3 gap ---------------------------------------------------------------------
+
+
+def test_exact_kl_check_by_hand_and_with_a_mask():
+    lp = torch.tensor([[-1.0, -2.0], [-1.0, -1.0], [-3.0, -0.5]], dtype=F64)
+    lq = torch.tensor([[-2.0, -1.0], [-1.5, -1.0], [-1.0, -0.5]], dtype=F64)
+    kl = torch.tensor([[0.3, 0.1], [0.2, 0.0], [0.4, 0.2]], dtype=F64)
+    d = (lp - lq - kl).sum(-1)
+    mean, se = mon.exact_kl_check(lp, lq, kl)
+    assert mean == pytest.approx(float(d.mean())) and se == pytest.approx(float(d.std()) / math.sqrt(3))
+    mask = torch.tensor([1, 0])
+    assert mon.exact_kl_check(lp, lq, kl, mask)[0] == pytest.approx(float((lp - lq - kl)[:, 0].mean()))
+    assert math.isnan(mon.exact_kl_check(lp[:1], lq[:1], kl[:1])[1])
+
+
+def test_exact_kl_check_has_mean_zero_on_policy_and_not_off_it():
+    every = dg.token_kl_table(SPACE, PI, REF, torch.arange(SPACE.n_sequences))
+    w = ex.sequence_logprobs(SPACE, PI).exp()
+    check = every.k1.sum(-1) - every.kl.sum(-1)  # (V**T,)
+    assert float((w * check).sum()) == pytest.approx(0.0, abs=1e-12)
+    q = ex.sequence_logprobs(SPACE, Q).exp()  # another sampler moves it
+    assert abs(float((q * check).sum())) > 0.05
+
+
+def _chi2_rows(p_rows: torch.Tensor, q_rows: torch.Tensor) -> torch.Tensor:
+    """chi^2(q || p) of each row: sum_v q_v^2 / p_v - 1."""
+    return (torch.exp(2 * q_rows - p_rows)).sum(-1) - 1
+
+
+def test_gap_variance_is_the_chi2_of_the_next_token_distributions_summed():
+    r = dg.gap_false_alarms(SPACE, PI, REF, 8, 3, torch.Generator().manual_seed(0))
+    w = ex.sequence_logprobs(SPACE, PI).exp()
+    per_position = _chi2_rows(PI, REF)[SPACE.prefix_ids].sum(-1)  # (V**T,)
+    assert r.gap_variance == pytest.approx(float((w * per_position).sum()), rel=1e-10)
+    kl = ex.sequence_kl(ex.sequence_logprobs(SPACE, PI), ex.sequence_logprobs(SPACE, REF))
+    assert r.kl == pytest.approx(kl, abs=1e-12)
+    # one position: chi^2(ref || pi) itself
+    one = ex.SequenceSpace(vocab_size=4, length=1)
+    pi, ref = dg.pushed_down_pair(4, 1, 2.0, torch.Generator().manual_seed(1))
+    r1 = dg.gap_false_alarms(one, pi, ref, 8, 3, torch.Generator().manual_seed(0))
+    assert r1.gap_variance == pytest.approx(float(_chi2_rows(pi, ref)[0]), rel=1e-10)
+
+
+def test_each_batch_z_is_what_the_log_line_would_show():
+    gen = torch.Generator().manual_seed(5)
+    B, M = 16, 4
+    r = dg.gap_false_alarms(SPACE, PI, REF, B, M, gen)
+    idx = ex.sample_sequences(ex.sequence_logprobs(SPACE, PI), B * M, torch.Generator().manual_seed(5))
+    every = dg.token_kl_table(SPACE, PI, REF, torch.arange(SPACE.n_sequences))
+    lp, lq = ex.token_logprobs(SPACE, PI), ex.token_logprobs(SPACE, REF)
+    for i in range(M):
+        batch = idx[i * B:(i + 1) * B]
+        s = mon.kl_log_stats(lp[batch], lq[batch])
+        assert r.gap_z[i] == pytest.approx(s.gap / s.gap_se, rel=1e-9)
+        mean, se = mon.exact_kl_check(lp[batch], lq[batch], every.kl[batch])
+        assert r.check_z[i] == pytest.approx(mean / se, rel=1e-9)
+    again = dg.gap_false_alarms(SPACE, PI, REF, B, M, torch.Generator().manual_seed(5))
+    assert np.array_equal(again.gap_z, r.gap_z) and np.array_equal(again.check_z, r.check_z)
+
+
+def test_close_pair_gives_gaussian_z_and_pushed_pair_false_alarms():
+    one = ex.SequenceSpace(vocab_size=200, length=1)
+    close = dg.pushed_down_pair(200, 5, 0.5, torch.Generator().manual_seed(2), noise=0.2)
+    r = dg.gap_false_alarms(one, *close, 512, 2000, torch.Generator().manual_seed(3))
+    assert r.gap_variance < 0.5
+    for z in (r.gap_z, r.check_z):  # about standard normal: 2,000 batches
+        assert abs(z.mean()) < 0.15 and 0.9 < z.std() < 1.1
+    assert r.gap_rate == 0.0 and r.check_rate == 0.0
+    assert r.gaussian_rate == pytest.approx(5.733e-7, rel=1e-3)
+    assert abs(r.clamped_gap_mean) < 1e-12  # no k3 reaches 10: the clamp changes nothing
+    pushed = dg.pushed_down_pair(200, 5, 8.0, torch.Generator().manual_seed(2), noise=0.2)
+    f = dg.gap_false_alarms(one, *pushed, 512, 2000, torch.Generator().manual_seed(3))
+    assert f.gap_variance > 100 and f.gap_rate > 0.2
+    assert f.check_rate < 0.005  # the check stays close to Gaussian
+    assert f.clamped_gap_mean > 0 and f.clamped_gap_z > 5  # the clamp biases the gap upwards
+
+
+def test_pushed_down_pair_moves_only_the_favourites():
+    pi, ref = dg.pushed_down_pair(50, 3, 4.0, torch.Generator().manual_seed(0), noise=0.0)
+    assert pi.shape == ref.shape == (1, 50) and pi.dtype == F64
+    shift = (pi - ref)[0]
+    top = torch.topk(ref[0], 3).indices
+    others = torch.ones(50, dtype=torch.bool)
+    others[top] = False
+    torch.testing.assert_close(shift[top], shift[others][:3] - 4.0)  # pushed by 4 nats, the rest alike
+    assert torch.allclose(shift[others], shift[others][0].expand(47))
+
+
 # --- bad input ------------------------------------------------------------------------------------------
 
 LP = torch.zeros(2, 3)
+GEN = torch.Generator().manual_seed(0)
 
 BAD_INPUTS = [
     ("log-rank", lambda: mon.kl_log_stats(LP[0], LP[0]), ValueError, r"shape \(B, T\)"),
@@ -285,6 +375,25 @@ BAD_INPUTS = [
     ("spike-threshold", lambda: mon.detect_spikes(np.ones(5), threshold=0), ValueError, "threshold"),
     ("spike-side", lambda: mon.detect_spikes(np.ones(5), side="lower"), ValueError, "side must be one of"),
     ("spike-centre", lambda: mon.detect_spikes(np.ones(5), centre="mode"), ValueError, "centre must be one"),
+    ("check-shape", lambda: mon.exact_kl_check(LP, LP, LP[:, :2]), ValueError, "position_kl must have the"),
+    ("check-nan", lambda: mon.exact_kl_check(LP, LP, LP.clone().fill_(math.nan)), ValueError,
+     "position_kl contains NaN"),
+    ("alarm-space", lambda: dg.gap_false_alarms("space", PI, REF, 8, 2, GEN), TypeError, "SequenceSpace"),
+    ("alarm-batch", lambda: dg.gap_false_alarms(SPACE, PI, REF, 1, 2, GEN), ValueError, "batch_size must be"),
+    ("alarm-batches", lambda: dg.gap_false_alarms(SPACE, PI, REF, 8, 0, GEN), ValueError, "n_batches must"),
+    ("alarm-threshold", lambda: dg.gap_false_alarms(SPACE, PI, REF, 8, 2, GEN, threshold=0.0), ValueError,
+     "threshold must be"),
+    ("alarm-clamp", lambda: dg.gap_false_alarms(SPACE, PI, REF, 8, 2, GEN, clamp=-1.0), ValueError,
+     "clamp must be"),
+    ("alarm-table", lambda: dg.gap_false_alarms(SPACE, PI[:3], REF, 8, 2, GEN), ValueError,
+     "policy_table must have shape"),
+    ("alarm-generator", lambda: dg.gap_false_alarms(SPACE, PI, REF, 8, 2, 0), TypeError, "generator must be"),
+    ("alarm-support", lambda: dg.gap_false_alarms(SPACE, PI, dg.force_token_logprobs(REF, 0), 8, 2, GEN),
+     ValueError, "reference cannot"),
+    ("push-vocab", lambda: dg.pushed_down_pair(1, 1, 1.0, GEN), ValueError, "vocab_size must be >= 2"),
+    ("push-count", lambda: dg.pushed_down_pair(5, 5, 1.0, GEN), ValueError, "n_pushed must be below"),
+    ("push-negative", lambda: dg.pushed_down_pair(5, 1, -1.0, GEN), ValueError, "push must be"),
+    ("push-noise", lambda: dg.pushed_down_pair(5, 1, 1.0, GEN, noise=-0.1), ValueError, "noise must be"),
 ]
 
 

@@ -13,6 +13,12 @@ policy, and where the KL sits along a sequence (book section 12).
 3. **Where the KL sits.** :class:`TokenKLTable` holds, for sampled sequences, each token's k1 and the
    exact KL of the next-token distributions at its prefix; :func:`token_kl_table` builds it on a
    listable space.
+4. **False alarms of the k1 - k3 gap.** On correct samples the gap has mean 0, but its per-token variance
+   is :math:`\\chi^2(\\pi_\\mathrm{ref} \\| \\pi)`, which grows without bound as the policy pushes down
+   tokens the reference likes. :func:`gap_false_alarms` measures, over many on-policy batches, how often
+   the gap crosses a threshold in standard errors, beside the check of
+   :func:`kltutorial.monitoring.exact_kl_check`; :func:`pushed_down_pair` builds a categorical pair
+   that is close in KL but far in :math:`\\chi^2`.
 
 Shapes: B batch (sequences), T positions, V vocabulary, P prefixes (rows of a next-token table),
 V**T sequences.
@@ -27,8 +33,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .._validation import check_float_tensor, check_positions_mask, check_positive, check_positive_int
-from ..exact import SequenceSpace, sequence_logprobs, token_logprobs
+from .._validation import (
+    check_coef,
+    check_float_tensor,
+    check_generator,
+    check_positions_mask,
+    check_positive,
+    check_positive_int,
+    check_table,
+)
+from ..exact import SequenceSpace, sample_sequences, sequence_logprobs, token_logprobs
 from ..logprobs import exact_kl
 from ..monitoring import KLLogStats, sequence_k1_k3
 
@@ -42,6 +56,9 @@ __all__ = [
     "ban_token_logprobs",
     "force_token_logprobs",
     "at_positions",
+    "GapFalseAlarms",
+    "gap_false_alarms",
+    "pushed_down_pair",
 ]
 
 
@@ -412,3 +429,261 @@ def token_kl_table(
         k1=lp[indices] - lq[indices],
         kl=row_kl[space.prefix_ids[indices]],
     )
+
+
+# ----------------------------------------------------------------------------------------------------
+# False alarms of the k1 - k3 gap
+
+
+@dataclass(frozen=True)
+class GapFalseAlarms:
+    """The result of :func:`gap_false_alarms`: the z of each correct batch, for the gap and for the check.
+
+    Attributes
+    ----------
+    kl : float
+        :math:`\\mathrm{KL}(\\pi \\| \\pi_\\mathrm{ref})` of the sequences (nats), exact.
+    gap_variance : float
+        Exact variance under :math:`\\pi` of the per-sequence gap
+        :math:`g(y) = \\sum_t (1 - \\pi_\\mathrm{ref}(y_t \\mid y_{<t}) / \\pi(y_t \\mid y_{<t}))`. Its terms
+        have mean 0 given their prefix, so it equals
+        :math:`\\mathbb{E}_\\pi \\sum_t \\chi^2(\\pi_\\mathrm{ref}(\\cdot \\mid y_{<t}) \\| \\pi(\\cdot \\mid
+        y_{<t}))`, the :math:`\\chi^2` of the next-token distributions summed over positions; for one
+        position, :math:`\\chi^2(\\pi_\\mathrm{ref} \\| \\pi) = \\sum_v \\pi_\\mathrm{ref}(v)^2 / \\pi(v)
+        - 1`.
+    check_variance : float
+        Exact variance under :math:`\\pi` of :math:`\\sum_t (\\Delta_t - \\mathrm{KL}_t)`, the quantity of
+        :func:`kltutorial.monitoring.exact_kl_check`.
+    gap_z, check_z : ndarray, shape (M,)
+        For each batch, its mean gap over its standard error (``gap / gap_se`` of
+        :func:`kltutorial.monitoring.kl_log_stats`), and the same for the check.
+    batch_size : int
+    threshold : float
+    clamp : float
+    clamped_gap_mean, clamped_gap_variance : float
+        Exact mean and variance under :math:`\\pi` of the per-sequence gap with every token's k1 clamped
+        to :math:`\\pm c` and its k3 to at most :math:`c` (OpenRLHF clamps every estimate to
+        :math:`\\pm 10`; verl clamps k3 at 10 and leaves k1 alone, the same thing where
+        :math:`|\\Delta_t| \\le 10`). Not 0: the clamp cuts the tail that keeps the gap's mean at 0.
+    """
+
+    kl: float
+    gap_variance: float
+    check_variance: float
+    gap_z: np.ndarray
+    check_z: np.ndarray
+    batch_size: int
+    threshold: float
+    clamp: float
+    clamped_gap_mean: float
+    clamped_gap_variance: float
+
+    @property
+    def gap_rate(self) -> float:
+        """Share of the batches whose gap is more than ``threshold`` standard errors from 0."""
+        return float(np.mean(np.abs(self.gap_z) > self.threshold))
+
+    @property
+    def check_rate(self) -> float:
+        """Share of the batches whose k1 - exact-KL difference is more than ``threshold`` standard errors
+        from 0."""
+        return float(np.mean(np.abs(self.check_z) > self.threshold))
+
+    @property
+    def gaussian_rate(self) -> float:
+        """:math:`P(|Z| > \\mathrm{threshold})` for a standard normal Z: the rate if z were Gaussian."""
+        return math.erfc(self.threshold / math.sqrt(2))
+
+    @property
+    def clamped_gap_z(self) -> float:
+        """The clamped gap's mean in its standard errors at ``batch_size``: where the z of a clamped gap
+        centres on correct samples."""
+        return self.clamped_gap_mean / math.sqrt(self.clamped_gap_variance / self.batch_size)
+
+
+def _batch_z(values: torch.Tensor) -> np.ndarray:
+    """Mean over standard error of each row of ``values`` (M, B); 0 for a row of zeros."""
+    mean = values.mean(1)
+    se = values.std(1) / math.sqrt(values.shape[1])
+    flat = torch.where(mean == 0, torch.zeros_like(mean), torch.sign(mean) * math.inf)
+    return torch.where(se > 0, mean / se, flat).numpy()
+
+
+def gap_false_alarms(
+    space: SequenceSpace,
+    policy_table: torch.Tensor,
+    reference_table: torch.Tensor,
+    batch_size: int,
+    n_batches: int,
+    generator: torch.Generator,
+    *,
+    threshold: float = 5.0,
+    clamp: float = 10.0,
+) -> GapFalseAlarms:
+    """How often the k1 - k3 gap of correct on-policy batches lies more than ``threshold`` standard errors
+    from 0, and how often k1 against the exact per-position KL does.
+
+    Every batch is drawn from the policy itself, so every alarm is false. Per token the gap is
+    :math:`1 - \\rho_t`, :math:`\\rho_t = \\pi_\\mathrm{ref}(y_t \\mid y_{<t}) / \\pi(y_t \\mid y_{<t})`,
+    with mean 0 and variance :math:`\\chi^2(\\pi_\\mathrm{ref} \\| \\pi)`. Where the policy has pushed
+    down a token the reference likes, :math:`\\rho` is large on a token the policy rarely draws: a typical
+    batch holds none, so its mean gap is positive and its standard error, computed from the batch itself,
+    too small, and :math:`z` is far from a standard normal. The check's terms
+    :math:`\\Delta_t - \\mathrm{KL}_t` have the variance of the log-ratio instead: a token pushed down by
+    :math:`\\delta` nats weighs :math:`\\delta` there and :math:`e^{\\delta}` in the gap, so the rare tokens
+    dominate the check only much farther from the reference.
+
+    The per-sequence values are computed once for every sequence of the listable space; batch ``i`` is
+    draws ``i * batch_size`` to ``(i + 1) * batch_size - 1`` of
+    ``sample_sequences(sequence_logprobs(space, policy_table), n_batches * batch_size, generator)``, and
+    its z is computed as :func:`kltutorial.monitoring.kl_log_stats` and
+    :func:`kltutorial.monitoring.exact_kl_check` compute it (every position counts). Memory: two float64
+    arrays of ``n_batches * batch_size``.
+
+    Parameters
+    ----------
+    space : SequenceSpace
+        A ``SequenceSpace(vocab_size=V, length=1)`` holds one categorical pair.
+    policy_table, reference_table : Tensor, shape (P, V)
+        Next-token log-probs of :math:`\\pi` and :math:`\\pi_\\mathrm{ref}`.
+    batch_size : int
+        Sequences per batch, >= 2.
+    n_batches : int
+        M >= 1.
+    generator : torch.Generator
+    threshold : float
+        > 0, in standard errors.
+    clamp : float
+        > 0, the clamp c of :attr:`GapFalseAlarms.clamped_gap_mean`.
+
+    Returns
+    -------
+    GapFalseAlarms
+
+    Examples
+    --------
+    A policy that has pushed the reference's most likely token down from 0.5 to 0.02:
+
+    >>> space = SequenceSpace(vocab_size=3, length=1)
+    >>> ref = torch.tensor([[0.5, 0.25, 0.25]], dtype=torch.float64).log()
+    >>> pi = torch.tensor([[0.02, 0.68, 0.30]], dtype=torch.float64).log()
+    >>> r = gap_false_alarms(space, pi, ref, 64, 1000, torch.Generator().manual_seed(0))
+    >>> round(r.gap_variance, 2)  # chi^2(ref || pi) = 0.25/0.02 + 0.0625/0.68 + 0.0625/0.3 - 1
+    11.8
+    >>> r.gap_rate > 0.2, r.check_rate < 0.01  # one batch in four, against 6e-7 for a Gaussian
+    (True, True)
+    >>> round(r.clamped_gap_mean, 4)  # 0.02 * (k3 - 10), k3 = 25 - 1 - log 25 on the pushed token
+    0.2156
+    """
+    if not isinstance(space, SequenceSpace):
+        raise TypeError(f"space must be a SequenceSpace, got {type(space).__name__}")
+    policy_table = check_table(space, policy_table, "policy_table")
+    reference_table = check_table(space, reference_table, "reference_table")
+    every = token_kl_table(space, policy_table, reference_table, torch.arange(space.n_sequences))
+    batch_size = check_positive_int(batch_size, "batch_size")
+    if batch_size < 2:
+        raise ValueError(f"batch_size must be >= 2 (a standard error needs two sequences), got {batch_size}")
+    n_batches = check_positive_int(n_batches, "n_batches")
+    generator = check_generator(generator)
+    threshold = check_positive(threshold, "threshold")
+    clamp = check_positive(clamp, "clamp")
+    logp = sequence_logprobs(space, policy_table)  # (V**T,)
+    support = torch.isfinite(logp)
+    delta = every.k1.to(torch.float64)  # (V**T, T)
+    if not torch.isfinite(delta[support]).all():
+        raise ValueError(
+            "the policy can produce a sequence that the reference cannot, so its log-ratio is infinite "
+            "and the KL with it"
+        )
+    # 1. per-sequence values, 0 where the policy cannot go (those are never drawn)
+    zero = torch.zeros_like(delta)
+    delta = torch.where(support[:, None], delta, zero)
+    kl_t = torch.where(support[:, None], every.kl.to(torch.float64), zero)
+    k1, k3 = sequence_k1_k3(delta, torch.ones_like(delta, dtype=torch.bool))  # (V**T,) each
+    gap, check = k1 - k3, k1 - kl_t.sum(-1)
+    k3_t = torch.expm1(-delta) + delta  # (V**T, T)
+    clamped = (delta.clamp(-clamp, clamp) - k3_t.clamp(max=clamp)).sum(-1)
+    # 2. their exact moments under the policy
+    p = logp.exp().to(torch.float64)
+
+    def mean_var(x: torch.Tensor) -> tuple[float, float]:
+        mean = (p * x).sum()
+        return float(mean), float((p * (x - mean) ** 2).sum())
+
+    # 3. many batches from the policy, and the z of each
+    idx = sample_sequences(logp, n_batches * batch_size, generator).view(n_batches, batch_size)
+    clamped_mean, clamped_var = mean_var(clamped)
+    return GapFalseAlarms(
+        kl=float((p * k1).sum()),
+        gap_variance=mean_var(gap)[1],
+        check_variance=mean_var(check)[1],
+        gap_z=_batch_z(gap[idx]),
+        check_z=_batch_z(check[idx]),
+        batch_size=batch_size,
+        threshold=threshold,
+        clamp=clamp,
+        clamped_gap_mean=clamped_mean,
+        clamped_gap_variance=clamped_var,
+    )
+
+
+def pushed_down_pair(
+    vocab_size: int,
+    n_pushed: int,
+    push: float,
+    generator: torch.Generator,
+    *,
+    scale: float = 2.0,
+    noise: float = 0.3,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A categorical reference, and a policy that has pushed the reference's favourite tokens down.
+
+    The reference's logits are :math:`s\\,\\varepsilon_v`, the policy's
+    :math:`s\\,\\varepsilon_v + \\sigma\\,\\eta_v - \\delta\\,[v \\in \\mathrm{top}]`, with
+    :math:`\\varepsilon, \\eta` standard normal (drawn in that order from ``generator``) and top the
+    ``n_pushed`` tokens of largest reference logit: a policy that learned to avoid answers the reference
+    likes, as RLHF does. The pushed tokens keep little policy mass, so :math:`\\pi_\\mathrm{ref}/\\pi`
+    is about :math:`e^{\\delta}` on them: the KL stays small while :math:`\\chi^2(\\pi_\\mathrm{ref} \\|
+    \\pi)` grows like :math:`e^{\\delta}`. The noise gives every other token a log-ratio of its own.
+
+    Parameters
+    ----------
+    vocab_size : int
+        V >= 2.
+    n_pushed : int
+        In [1, V).
+    push : float
+        :math:`\\delta \\ge 0`, nats.
+    generator : torch.Generator
+    scale : float
+        s > 0, the spread of the reference's logits.
+    noise : float
+        :math:`\\sigma \\ge 0`.
+
+    Returns
+    -------
+    (Tensor, Tensor)
+        The policy's and the reference's log-probs, float64, shape (1, V) each: the next-token tables of
+        ``SequenceSpace(vocab_size=V, length=1)``.
+
+    Examples
+    --------
+    >>> pi, ref = pushed_down_pair(5, 1, 0.0, torch.Generator().manual_seed(0), noise=0.0)
+    >>> torch.equal(pi, ref)
+    True
+    """
+    vocab_size = check_positive_int(vocab_size, "vocab_size")
+    if vocab_size < 2:
+        raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
+    n_pushed = check_positive_int(n_pushed, "n_pushed")
+    if n_pushed >= vocab_size:
+        raise ValueError(f"n_pushed must be below vocab_size ({vocab_size}), got {n_pushed}")
+    push = check_coef(push, "push")
+    generator = check_generator(generator)
+    scale = check_positive(scale, "scale")
+    noise = check_coef(noise, "noise")
+    ref_logits = scale * torch.randn(vocab_size, generator=generator, dtype=torch.float64)  # (V,)
+    pi_logits = ref_logits + noise * torch.randn(vocab_size, generator=generator, dtype=torch.float64)
+    top = torch.topk(ref_logits, n_pushed).indices
+    pi_logits[top] -= push
+    return torch.log_softmax(pi_logits, -1)[None], torch.log_softmax(ref_logits, -1)[None]
