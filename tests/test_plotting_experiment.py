@@ -105,8 +105,19 @@ def test_toy_controllers_share_the_control_layout():
     assert "0.05" in ax_pen.get_title() and "proxy" in ax_pen.get_ylabel()
     with pytest.raises(ValueError, match="shared initial"):
         plotting.plot_toy_controllers({"a": _run(0.05), "b": _run(0.1)}, target_kl=1.0)
+    with pytest.raises(ValueError, match="beta0"):
+        plotting.plot_toy_controllers(runs, target_kl=1.0, beta0=-1.0)
     with pytest.raises(TypeError, match="runs"):
         plotting.plot_toy_controllers({}, target_kl=1.0)
+
+
+def test_toy_controllers_price_runs_from_other_betas_at_the_given_beta0():
+    # A fixed β beside a controller started lower: every run is priced at the one beta0 given.
+    runs = {"controller": _run(0.05), "fixed": _run(0.3, steps=8)}
+    _, _, _, ax_pen = plotting.plot_toy_controllers(runs, target_kl=1.0, beta0=0.05).ravel()
+    for line, run in zip(ax_pen.lines, runs.values(), strict=True):
+        np.testing.assert_allclose(line.get_ydata(), run.proxy - 0.05 * run.kl)
+    assert "0.05" in ax_pen.get_title() and "0.05" in ax_pen.get_ylabel()
 
 
 def test_toy_token_kl():

@@ -21,6 +21,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.layout_engine import ConstrainedLayoutEngine
 
+from .._validation import check_positive
 from .style import (
     REFERENCE_COLOR,
     ZONE_COLOR,
@@ -56,7 +57,8 @@ class ControlTrace:
         β at each step. With one entry more than ``kl`` it also holds the β after the last update,
         and ``beta[t]`` is drawn as in force over step t (a step function).
     reward, penalized_reward : ndarray, same shape as ``kl``, optional
-        A reward of the run, and a reward minus β₀·KL priced at the β₀ every run started from.
+        A reward of the run, and a reward minus β₀·KL priced at one β₀ shared by every run drawn with
+        it (the β₀ they all started from, unless the figure is told another).
     """
 
     kl: np.ndarray
@@ -188,6 +190,7 @@ def plot_control_panels(
     reward_title: str = "raw reward",
     penalized_of: str = "reward",
     band: tuple[float, float] = (0.1, 0.9),
+    beta0: float | None = None,
     axes: Any = None,
     title: str | None = None,
 ) -> np.ndarray:
@@ -195,8 +198,8 @@ def plot_control_panels(
 
     Runs over seeds ((N, n) arrays) are drawn as medians with a ``band`` quantile range and share one
     legend below the panels; single runs ((n,) arrays) are marked lines with the legend on the KL
-    panel. The penalised-reward panel prices every nat of KL at the one β₀ all runs started from, so
-    it compares what each run's drift cost at a single price.
+    panel. The penalised-reward panel prices every nat of KL at one β₀, by default the one all runs
+    started from, so it compares what each run's drift cost at a single price.
 
     Parameters
     ----------
@@ -210,6 +213,10 @@ def plot_control_panels(
         What is penalised, in the fourth panel's label and title ("reward", "proxy").
     band : (float, float)
         Quantiles over seeds for the bands.
+    beta0 : float, optional
+        The price per nat at which every trace's ``penalized_reward`` was computed, for runs that do
+        not all start from one β (a fixed β beside controllers started lower). By default the β₀ all
+        runs start from.
     axes : 2 x 2 array of Axes, optional
     title : str, optional
 
@@ -221,17 +228,20 @@ def plot_control_panels(
     Raises
     ------
     ValueError
-        If the runs do not start from one shared β₀.
+        If no ``beta0`` is given and the runs do not start from one shared β₀.
     """
     traces = _check_traces(traces, "traces", rewards=True)
     band = check_quantiles(band)
-    initial = np.unique(np.concatenate([np.ravel(t.initial_beta) for t in traces.values()]))
-    if initial.size != 1:
-        raise ValueError(
-            f"traces: the penalised-reward panel needs one shared initial β, got {initial.tolist()} "
-            "(start every run from the same β)"
-        )
-    beta0 = float(initial[0])
+    if beta0 is None:
+        initial = np.unique(np.concatenate([np.ravel(t.initial_beta) for t in traces.values()]))
+        if initial.size != 1:
+            raise ValueError(
+                f"traces: the penalised-reward panel needs one shared initial β, got {initial.tolist()} "
+                "(start every run from the same β, or pass the beta0 the rewards were priced at)"
+            )
+        beta0 = float(initial[0])
+    else:
+        beta0 = check_positive(beta0, "beta0")
     flat = new_axes_grid(axes, 2, 2, figsize=fig_size(5.6), sharex=True)
     ax_kl, ax_beta, ax_r, ax_pr = flat
     _draw_kl_panel(ax_kl, traces, target_kl=target_kl, ylabel=kl_label, band=band)

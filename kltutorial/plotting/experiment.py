@@ -6,7 +6,8 @@
 * :func:`plot_data_sweep`: the gold reward of the proxy's optimum for more and more preference data;
 * :func:`plot_toy_controllers`: fixed against adaptive β in real training (the layout of
   :func:`~.controllers.plot_control_panels`, shared with section 10);
-* :func:`plot_toy_token_kl`: measured per-token KL of trained policies, beside section 10's patterns;
+* :func:`plot_toy_token_kl`: measured per-token KL of trained policies, beside the handbook's hand-made
+  patterns of section 10;
 * :func:`plot_training_paths`: proxy and gold reward against KL at every step of runs at several β, on
   the exact frontier;
 * :func:`plot_gao_fits`: Gao et al.'s functional forms fitted to the exact curves
@@ -25,6 +26,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.layout_engine import ConstrainedLayoutEngine
 
+from .._validation import check_positive
 from .controllers import ControlTrace, plot_control_panels
 from .style import (
     PALETTE,
@@ -232,6 +234,7 @@ def plot_toy_controllers(
     runs: Mapping[str, Any],
     target_kl: float,
     *,
+    beta0: float | None = None,
     axes: Any = None,
     title: str | None = None,
 ) -> np.ndarray:
@@ -245,9 +248,12 @@ def plot_toy_controllers(
     ----------
     runs : dict name -> TrainResult
         Each with ``kl``, ``proxy``, ``gold`` of shape (n,) (exact, per step) and ``beta`` (n + 1,).
-        All runs start from the same β₀ (``beta[0]``).
     target_kl : float
         The controllers' target (nats), drawn dashed on the KL panel.
+    beta0 : float, optional
+        The one price per nat of the fourth panel, ``proxy − beta0 · kl`` for every run. By default
+        the β₀ all runs start from (``beta[0]``); give it when a run starts elsewhere, such as a fixed
+        β drawn beside controllers started from β₀.
     axes : 2 x 2 Axes, optional
     title : str, optional
 
@@ -258,8 +264,11 @@ def plot_toy_controllers(
     """
     if not isinstance(runs, Mapping) or len(runs) == 0:
         raise TypeError("runs: expected a non-empty dict name -> TrainResult")
+    if beta0 is not None:
+        beta0 = check_positive(beta0, "beta0")
     traces = {name: ControlTrace(kl=run.kl, beta=run.beta, reward=run.gold,
-                                 penalized_reward=run.penalized_proxy)
+                                 penalized_reward=(run.penalized_proxy if beta0 is None
+                                                   else run.proxy - beta0 * run.kl))
               for name, run in runs.items()}
     # At the house width each of the 2 x 2 panels is about 3 in wide: a taller figure, y labels on
     # two lines, and the legend under the panels instead of on the KL curves.
@@ -267,9 +276,10 @@ def plot_toy_controllers(
     panels = plot_control_panels(
         traces, target_kl=target_kl, kl_label="exact KL(π_θ ‖ π_ref)\n(nats)",
         reward_label="expected gold reward\n(reward units)", reward_title="gold reward (what we wanted)",
-        penalized_of="proxy", axes=flat.reshape(2, 2), title=title,
+        penalized_of="proxy", beta0=beta0, axes=flat.reshape(2, 2), title=title,
     )
-    beta0 = float(next(iter(runs.values())).beta[0])
+    if beta0 is None:  # plot_control_panels has checked that the runs share it
+        beta0 = float(next(iter(runs.values())).beta[0])
     panels[0, 1].set_ylabel("β, log scale\n(reward units per nat)")
     panels[1, 1].set_ylabel(f"proxy − {beta0:g}·KL\n(reward units)")
     panels[1, 1].set_title(f"proxy penalised at β₀ = {beta0:g}")
@@ -286,7 +296,7 @@ def plot_toy_token_kl(
     axes: Any = None,
     title: str | None = None,
 ) -> np.ndarray:
-    """Per-token KL of trained policies (§11), next to §10's hand-made patterns.
+    """Per-token KL of trained policies (§11), next to the handbook's hand-made patterns (shown in §10).
 
     Parameters
     ----------
@@ -298,7 +308,7 @@ def plot_toy_token_kl(
     betas : sequence of float, optional
         One β per entry of ``exact``, for colours.
     illustrative : dict name -> ndarray, shape (T',), optional
-        §10's invented patterns, drawn on a second panel against the relative position.
+        The handbook's invented patterns (§10), drawn on a second panel against the relative position.
     axes : 1 or 2 Axes, optional
     title : str, optional
 

@@ -13,20 +13,20 @@ Two models:
    extrapolating bonus above 10 nats (the "unreliable" region)::
 
        KL*(β)    = 18 / (1 + 8 β)
-       KL_{t+1}  = max(0, KL_t + 0.08 (KL*(β) − KL_t) + σ ε_t)
-       r_{t+1}   = s (2 (1 − exp(−KL_{t+1} / 5)) + 0.08 max(0, KL_{t+1} − 10)) + σ η_t
+       KL^(k+1)  = max(0, KL^(k) + 0.08 (KL*(β) − KL^(k)) + σ ε_k)
+       r^(k+1)   = s (2 (1 − exp(−KL^(k+1) / 5)) + 0.08 max(0, KL^(k+1) − 10)) + σ η_k
 
-   with KL_0 = 0, r_0 = 0, noise σ = ``noise_scale``, reward scale s = ``reward_scale``.
+   with KL^(0) = 0, r^(0) = 0, noise σ = ``noise_scale``, reward scale s = ``reward_scale``.
 
 2. :func:`simulate_training_with_controller` (β from a controller, the "fixed vs adaptive"
    picture). Optimisation pushes KL up by a constant, the penalty pulls it back in proportion
    to β·KL::
 
-       KL_{t+1}  = max(0.1, KL_t + 0.14 − 0.08 β_t KL_t + σ_KL ε_t)
-       β_{t+1}   = controller.next_beta(β_t, KL_{t+1})
-       r_{t+1}   = 1.5 (1 − exp(−KL_{t+1} / 5)) + σ_r η_t
+       KL^(k+1)  = max(0.1, KL^(k) + 0.14 − 0.08 β_k KL^(k) + σ_KL ε_k)
+       β_{k+1}   = controller.next_beta(β_k, KL^(k+1))
+       r^(k+1)   = 1.5 (1 − exp(−KL^(k+1) / 5)) + σ_r η_k
 
-   with KL_0 = 0.5. With β fixed, KL settles where 0.14 = 0.08 β KL, i.e. KL = 1.75 / β.
+   with KL^(0) = 0.5. With β fixed, KL settles where 0.14 = 0.08 β KL, i.e. KL = 1.75 / β.
 
 Randomness. Every simulation draws its standard-normal disturbances ε, η once, up front, as a
 :class:`TrainingNoise` (:func:`draw_training_noise`), shape (N, n_steps) each, and every β row
@@ -223,10 +223,10 @@ def learned_reward(kl: float | np.ndarray, reward_scale: float = 1.0) -> float |
 def trajectory_step(
     kl: float | np.ndarray, beta: float | np.ndarray, eps: float | np.ndarray, noise_scale: float
 ) -> float | np.ndarray:
-    """One step of invented model 1: ``KL_{t+1} = max(0, KL_t + 0.08 (KL*(β) − KL_t) + σ ε_t)``.
+    """One step of invented model 1: ``KL^(k+1) = max(0, KL^(k) + 0.08 (KL*(β) − KL^(k)) + σ ε_k)``.
 
     The KL closes 8 % of its gap to the equilibrium :func:`equilibrium_kl` and gets a Gaussian kick
-    σ ε_t; it is floored at 0. A formula on numbers or on arrays that broadcast together, like
+    σ ε_k; it is floored at 0. A formula on numbers or on arrays that broadcast together, like
     :func:`learned_reward`: it does not check its inputs (the simulation checks them once).
 
     >>> trajectory_step(0.0, 0.25, 0.0, 0.08)  # 8 % of the way to KL* = 6
@@ -287,8 +287,8 @@ def simulate_training_trajectory(
 
     **An invented, illustrative model, not measured** (see the module docstring)::
 
-        KL_{t+1} = max(0, KL_t + 0.08 (18 / (1 + 8 β) − KL_t) + σ ε_t),   KL_0 = 0
-        r_{t+1}  = learned_reward(KL_{t+1}, s) + σ η_t,                    r_0 = 0
+        KL^(k+1) = max(0, KL^(k) + 0.08 (18 / (1 + 8 β) − KL^(k)) + σ ε_k),   KL^(0) = 0
+        r^(k+1)  = learned_reward(KL^(k+1), s) + σ η_k,                    r^(0) = 0
 
     The recursion is sequential in time, so the loop runs over steps; each step updates all
     K β values and N seeds at once.
@@ -358,7 +358,7 @@ def controlled_reward(kl: float | np.ndarray) -> float | np.ndarray:
 def controlled_step(
     kl: float | np.ndarray, beta: float | np.ndarray, eps: float | np.ndarray, noise_scale: float
 ) -> float | np.ndarray:
-    """One step of invented model 2: ``KL_{t+1} = max(0.1, KL_t + 0.14 − 0.08 β_t KL_t + σ ε_t)``.
+    """One step of invented model 2: ``KL^(k+1) = max(0.1, KL^(k) + 0.14 − 0.08 β_k KL^(k) + σ ε_k)``.
 
     Optimisation pushes the KL up by 0.14 nats, the penalty pulls it back in proportion to β·KL,
     and noise kicks it; it is floored at 0.1. With β fixed and no noise it settles at 1.75 / β.
@@ -466,9 +466,9 @@ def simulate_training_with_controller(
 
     **An invented, illustrative model, not measured** (see the module docstring). Each step:
 
-    1. the policy moves: ``KL_{t+1} = max(0.1, KL_t + 0.14 − 0.08 β_t KL_t + σ_KL ε_t)``;
-    2. the reward is measured: ``r_{t+1} = 1.5 (1 − exp(−KL_{t+1}/5)) + σ_r η_t``;
-    3. the controller reacts: ``β_{t+1} = controller.next_beta(β_t, KL_{t+1}, samples_per_update)``.
+    1. the policy moves: ``KL^(k+1) = max(0.1, KL^(k) + 0.14 − 0.08 β_k KL^(k) + σ_KL ε_k)``;
+    2. the reward is measured: ``r^(k+1) = 1.5 (1 − exp(−KL^(k+1)/5)) + σ_r η_k``;
+    3. the controller reacts: ``β_{k+1} = controller.next_beta(β_k, KL^(k+1), samples_per_update)``.
 
     The controller object is only a *template*: its pure rule ``next_beta`` is applied
     elementwise to all K × N runs, and its state is not touched. Use
@@ -476,7 +476,7 @@ def simulate_training_with_controller(
     ``ExponentialKLController(gain=0.12, min_coef=0.02, max_coef=0.5)`` for the handbook's
     adaptive rule, or :class:`~kltutorial.controllers.AdaptiveKLController` (Ziegler et al.).
 
-    The result's ``penalized_reward``, ``r_t − β₀ KL_t``, prices KL at the run's *initial* β₀
+    The result's ``penalized_reward``, ``r^(k) − β₀ KL^(k)``, prices KL at the run's *initial* β₀
     (see :attr:`ControlledTraining.penalized_reward`).
 
     Parameters
