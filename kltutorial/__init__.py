@@ -38,6 +38,8 @@ finite sum (§3, §5, §11); the per-token fixed points of each recipe (§9); ex
 ``plotting``          the book's figures: one style module, one module      all
                       per family of figures
 ``book``              source listings; ``glue``/``glued``: prose numbers    all
+``exercises``         the code exercises' checkers: ``check("k3", f)``      2, 4, 5
+                      runs a reader's function against the package
 ====================  ====================================================  ========
 
 Shape vocabulary used in every docstring: ``B`` batch, ``T`` tokens (positions), ``V`` vocabulary,
