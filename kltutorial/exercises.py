@@ -189,8 +189,9 @@ def verdict(name: str, fn: Callable[..., object]) -> Verdict:
             return Verdict(name, "error", "\n".join(lines), index)
         problem = _difference(expected, got, case.rtol, case.atol)
         if problem is not None:
-            lines = [_wrap(header.format("wrong")), *_args_lines(shown), _wrap(f"  expected {_show(expected)}"),
-                     _wrap(f"  got      {_show(got)}"), _wrap(f"  {problem}")]
+            lines = [_wrap(header.format("wrong")), *_args_lines(shown),
+                     _wrap(f"  expected {_show(expected)}"), _wrap(f"  got      {_show(got)}"),
+                     _wrap(f"  {problem}")]
             return Verdict(name, "wrong", "\n".join(lines), index)
     return Verdict(name, "correct", f"{name}: correct (all {total} hidden cases)")
 
