@@ -20,7 +20,7 @@ module                what it holds                                         sect
 ====================  ====================================================  ========
 
 **The exact maths** (:mod:`kltutorial.exact`, imports only the library): divergences of categoricals
-and Gaussians (§1, §2); listable sequence spaces, where every KL, expectation and :math:`\\pi^*_\beta` is a
+and Gaussians (§1, §2); listable sequence spaces, where every KL, expectation and :math:`\\pi^*_\\beta` is a
 finite sum (§3, §5, §11); the per-token fixed points of each recipe (§9); exact expected gradients
 (``exact.gradients``, §4) and the KL in the reward or in the loss (``exact.placement``, §9).
 

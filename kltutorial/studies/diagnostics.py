@@ -261,7 +261,8 @@ def expected_log_stats(
     sampler_table: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
 ) -> KLLogStats:
-    """The exact expectation of :func:`~kltutorial.monitoring.kl_log_stats` for sequences drawn from a sampler, by enumeration.
+    """The exact expectation of :func:`~kltutorial.monitoring.kl_log_stats` for sequences drawn from a
+    sampler, by enumeration.
 
     .. math::
         \\mathbb{E}_{y \\sim q}\\Big[\\sum_t m_t\\, k(\\Delta_t(y))\\Big]
