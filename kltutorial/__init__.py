@@ -20,7 +20,7 @@ module                what it holds                                         sect
 ====================  ====================================================  ========
 
 **The exact maths** (:mod:`kltutorial.exact`, imports only the library): divergences of categoricals
-and Gaussians (§1, §2); listable sequence spaces, where every KL, expectation and :math:`\\pi^*_\beta` is a
+and Gaussians (§1, §2); listable sequence spaces, where every KL, expectation and :math:`\\pi^*_\\beta` is a
 finite sum (§3, §5, §11); the per-token fixed points of each recipe (§9); exact expected gradients
 (``exact.gradients``, §4) and the KL in the reward or in the loss (``exact.placement``, §9).
 
@@ -38,6 +38,8 @@ finite sum (§3, §5, §11); the per-token fixed points of each recipe (§9); ex
 ``plotting``          the book's figures: one style module, one module      all
                       per family of figures
 ``book``              source listings; ``glue``/``glued``: prose numbers    all
+``exercises``         the code exercises' checkers: ``check("k3", f)``      2, 4, 5
+                      runs a reader's function against the package
 ====================  ====================================================  ========
 
 Shape vocabulary used in every docstring: ``B`` batch, ``T`` tokens (positions), ``V`` vocabulary,

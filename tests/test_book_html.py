@@ -18,6 +18,9 @@ deselects it. Every HTML page is opened at desktop width (1400 x 900) and at pho
   own file (a click opens it at full size);
 * every internal link resolves: the file it points to exists, and its ``#anchor`` is an id on
   that page;
+* the exercises at the end of a section are numbered by chapter ("Exercise 4.2", the chapter of the
+  page) and labelled, each with a solution, and every solution is folded (sphinx-togglebutton's
+  dropdown) behind a button that takes keyboard focus;
 * the visible ☰ button works: on a phone it opens the contents (the primary sidebar dialog),
   on a desktop it collapses the sidebar;
 * in dark mode (desktop; the reader's system asking for it, as the book follows it), every code
@@ -26,7 +29,8 @@ deselects it. Every HTML page is opened at desktop width (1400 x 900) and at pho
   ``phone/`` (one JPEG per page, the whole page up to 12,000 px) and ``desktop-dark/`` (the top of
   each page).
 
-Two more tests open a figure by click and by keyboard, and search the book for "KL".
+More tests open a figure, and a solution that holds code, by click and by keyboard (Enter), and
+search the book for "KL".
 
 One browser serves the whole session (pytest-playwright's ``browser``), with one offline context
 per viewport, kept for the session; each page is loaded once per viewport (storage cleared first,
@@ -203,6 +207,9 @@ async () => {
 #   scrollBoxes: boxes of <main> whose content is wider than they are, with their cue.
 #   images:     every content <img> of <main> (not the theme's icons): decoded, alt, figure caption, link.
 #   links:      every a[href] of the page, absolute; ids: every id (and a[name]) on the page.
+#   exercises:  each exercise's id and title; solutions: each solution's id, whether it is a dropdown,
+#               folded (its body not shown), has a focusable button, holds a code cell; the chapter
+#               number of the page's title.
 READER_PROBE = r"""
 async (width) => {
   await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
@@ -298,7 +305,27 @@ async (width) => {
       if (wider.length >= 5) break;
     }
   }
-  return {viewport: vw, scrollWidth, wider, overflow, scrollBoxes, images, links, ids};
+  const exercises = [...main.querySelectorAll('div.exercise.admonition')].map(box => ({
+    id: box.id,
+    title: (box.querySelector(':scope > .admonition-title') || box).textContent.replace(/\s+/g, ' ').trim(),
+  }));
+  const solutions = [...main.querySelectorAll('div.solution.admonition')].map(box => {
+    const body = box.querySelector(':scope > section');
+    const button = box.querySelector(':scope > .admonition-title button.toggle-button');
+    const shown = Boolean(body) && body.getBoundingClientRect().height > 0
+      && getComputedStyle(body).visibility !== 'hidden';
+    return {
+      id: box.id, dropdown: box.classList.contains('dropdown'),
+      folded: box.classList.contains('toggle-hidden') && !shown,
+      button: Boolean(button) && button.tabIndex >= 0,
+      expanded: button ? button.getAttribute('aria-expanded') : null,
+      hasCode: Boolean(body && body.querySelector('.cell')),
+    };
+  });
+  const number = document.querySelector('main h1 .section-number');
+  const chapter = number ? number.textContent.replace(/[.\s]+$/, '').trim() : null;
+  return {viewport: vw, scrollWidth, wider, overflow, scrollBoxes, images, links, ids,
+          exercises, solutions, chapter};
 }
 """
 
@@ -749,6 +776,81 @@ def test_every_page_is_photographed(visit: Callable[[Path, str], PageReport]) ->
             if not shot.is_file() or shot.stat().st_size < 1000:
                 missing.append(shot.relative_to(SCREENSHOT_DIR).as_posix())
     assert not missing, f"screenshots missing under {SCREENSHOT_DIR}: {missing}"
+
+
+EXERCISE_TITLE = re.compile(r"Exercise (\d+)\.(\d+)\b")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
+def test_exercises_are_numbered_by_chapter_and_each_has_a_solution(
+        page: Path, report_of: Callable[[Path], PageReport]) -> None:
+    reader = report_of(page).probed("reader")
+    exercises, solutions = reader["exercises"], reader["solutions"]
+    name = _name(page)
+    numbers = [EXERCISE_TITLE.match(e["title"]) for e in exercises]
+    assert all(numbers), f"{name}: exercise titles not numbered 'Exercise N.M': {exercises}"
+    assert all(n.group(1) == reader["chapter"] for n in numbers), (
+        f"{name}: exercises not numbered by the chapter {reader['chapter']}: "
+        f"{[e['title'] for e in exercises]}")
+    assert [int(n.group(2)) for n in numbers] == list(range(1, len(exercises) + 1)), exercises
+    assert all(e["id"].startswith("ex-") for e in exercises), (
+        f"{name}: every exercise needs a :label: (ex-...), to be linked: {exercises}")
+    assert len(solutions) == len(exercises), f"{name}: {len(exercises)} exercises, {len(solutions)} solutions"
+
+
+@pytest.mark.parametrize(("page", "width"), VISITS)
+def test_solutions_are_folded_behind_a_button(page: Path, width: str,
+                                               visit: Callable[[Path, str], PageReport]) -> None:
+    solutions = visit(page, width).probed("reader")["solutions"]
+    name = _name(page)
+    open_ = [s["id"] for s in solutions if not (s["dropdown"] and s["folded"] and s["expanded"] == "false")]
+    assert not open_, f"{name} ({width}): solutions shown on arrival (give them :class: dropdown): {open_}"
+    unreachable = [s["id"] for s in solutions if not s["button"]]
+    assert not unreachable, f"{name} ({width}): solutions without a focusable toggle button: {unreachable}"
+
+
+def test_some_page_has_exercises_with_code_in_a_solution(report_of: Callable[[Path], PageReport]) -> None:
+    """Guard against a vacuous pass: the book has exercises, and gated solutions hold code cells."""
+    _first_solution_with_code(report_of)
+
+
+def _first_solution_with_code(report_of: Callable[[Path], PageReport]) -> tuple[Path, dict]:
+    for page in PAGES:
+        for solution in report_of(page).reader.get("solutions", []):
+            if solution["hasCode"]:
+                return page, solution
+    pytest.fail("no page has a solution holding a code cell (solution-start/solution-end around it)")
+
+
+def test_a_solution_opens_by_click_and_by_keyboard(
+        new_context: Callable[..., BrowserContext], report_of: Callable[[Path], PageReport]) -> None:
+    """The solution's body, its code cell and the cell's output included, shows on a click on its title
+    and on Enter on its button (reached by keyboard focus), and a second Enter folds it again."""
+    page_path, solution = _first_solution_with_code(report_of)
+    context = new_context(**VIEWPORTS["desktop"])  # pytest-playwright's: closed after the test
+    context.set_default_timeout(PAGE_TIMEOUT_MS)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    for how in ("click", "keyboard"):
+        page.goto(page_path.as_uri(), wait_until="load")
+        box = page.locator(f"[id='{solution['id']}']")
+        body = box.locator(":scope > section")
+        cell = body.locator(".cell").first
+        button = box.locator(":scope > .admonition-title button.toggle-button")
+        assert not body.is_visible() and not cell.is_visible(), f"{solution['id']}: not folded on arrival"
+        if how == "click":
+            box.locator(":scope > .admonition-title").click()
+        else:
+            button.focus()
+            page.keyboard.press("Enter")
+        body.wait_for(state="visible", timeout=STATE_TIMEOUT_MS)
+        assert cell.is_visible() and button.get_attribute("aria-expanded") == "true", (
+            f"{_name(page_path)}: {how} on {solution['id']} did not show its code cell")
+        if how == "keyboard":
+            page.keyboard.press("Enter")
+            body.wait_for(state="hidden", timeout=STATE_TIMEOUT_MS)
+    assert not errors, f"{_name(page_path)}: errors while opening a solution: {errors}"
 
 
 def _first_figure(report_of: Callable[[Path], PageReport]) -> tuple[Path, dict]:

@@ -14,7 +14,14 @@ own, its settings and workspaces in a temporary folder) on a copy of the fixture
 * every chapter of book/, opened as a reader opens it, shows its numbers (the ``{eval}``
   results stored by tools/myst_eval.py) and its ``{figure}`` images in the rendered Markdown,
   and no role or directive as raw text or as "Unknown Directive" (but the one interactive
-  figure, which needs the built book's plotly).
+  figure, which needs the built book's plotly);
+* its exercises show as numbered exercise boxes, and each solution as a box folded on opening
+  (jupyterlab-myst renders ``{solution}`` with ``:class: dropdown`` as a closed ``<details>``; a
+  gated ``solution-start`` as a closed "Start of Solution to Exercise N" box holding the text of
+  its own cell, the solution's code cells after it, which stay collapsed to a placeholder because
+  their ``source_hidden`` metadata says so, and ``solution-end`` as an empty box, jupyterlab-myst
+  not joining cells); the solutions' text is read with every box opened, so that its numbers are
+  checked too.
 
 A screenshot goes to ``screenshots/jupyterlab/`` next to the built book's HTML folder (see
 tests/test_book_html.py). The server is stopped at the end by killing its process group.
@@ -29,6 +36,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -239,7 +247,31 @@ def test_jupyterlab_renders_myst_and_runs_the_notebook(lab: str, lab_browser: Br
 CHAPTERS = sorted(BOOK.glob("*.ipynb"))
 # Only the interactive figure (plotly from the built book's _static) stays a glue:figure.
 UNKNOWN_DIRECTIVE_ALLOWED = {"11-real-experiment.ipynb": 1}
-RAW_SYNTAX = ("{eval}", "{glue", "glued.", "```", "{figure}", "{numref}", "{doc}", ":::")
+RAW_SYNTAX = ("{eval}", "{glue", "glued.", "```", "{figure}", "{numref}", "{doc}", ":::", "{exercise",
+              "{solution", ":label:", ":class:")
+# The exercise and solution directives of a chapter's Markdown, as jupyterlab-myst draws each a box.
+EXERCISE = re.compile(r"^`{3,}\{exercise\}", re.MULTILINE)
+SOLUTION = re.compile(r"^`{3,}\{solution(?:-start)?\}", re.MULTILINE)
+BOXES = re.compile(r"^`{3,}\{(?:exercise|solution|solution-start|solution-end)\}", re.MULTILINE)
+
+# Before anything is opened: the exercise boxes' titles, whether each solution box is open, and how
+# many code cells show only a placeholder for their source (jupyter.source_hidden).
+EXERCISE_STATE = r"""
+() => {
+  const panel = window.jupyterapp.shell.currentWidget;
+  const node = panel.content.node;
+  const title = box => (box.querySelector('.myst-exercise-title') || box).innerText
+    .replace(/\s+/g, ' ').trim();
+  return {
+    exercises: [...node.querySelectorAll('.jp-MarkdownCell aside.myst-exercise')].map(title)
+      .filter(t => t.startsWith('Exercise')),
+    solutions: [...node.querySelectorAll('.jp-MarkdownCell details.myst-exercise')]
+      .map(d => ({title: title(d.querySelector('summary')), open: d.open}))
+      .filter(d => d.title.includes('Solution to')),  // not the "Unknown Directive" box, also a details
+    hiddenInputs: panel.content.widgets.filter(c => c.model.type === 'code' && c.inputHidden).length,
+  };
+}
+"""
 
 # Each chapter's rendered Markdown: text, images shown (decoded), and MyST's error boxes.
 CHAPTER_STATE = r"""
@@ -272,23 +304,41 @@ def _read_chapters(lab: str, browser: Browser) -> dict[str, dict]:
         page.evaluate("async (path) => {"
                       " await window.jupyterapp.commands.execute('docmanager:open', {path});"
                       " return true; }", path)
-        # jupyterlab-myst has rendered every Markdown cell; images have had time to load.
+        prose = "\n".join(c.source for c in nbformat.read(chapter, as_version=4).cells
+                          if c.cell_type == "markdown")
+        boxes = len(BOXES.findall(prose))
+        # jupyterlab-myst has rendered every Markdown cell, the exercise and solution boxes included;
+        # images have had time to load.
         try:
             page.wait_for_function(
-                "(path) => { const w = window.jupyterapp.shell.currentWidget;"
+                "([path, boxes]) => { const w = window.jupyterapp.shell.currentWidget;"
                 " if (!w || !w.context || w.context.path !== path || !w.content) return false;"
                 " const md = w.content.widgets.filter(c => c.model.type === 'markdown');"
                 " return md.length > 0 && md.every(c => c.node.querySelector("
                 "   '.jp-MarkdownOutput, .jp-Cell-inputArea > .myst'))"
+                "   && w.node.querySelectorAll('.jp-MarkdownCell .myst-exercise').length >= boxes"
                 "   && [...w.node.querySelectorAll('.jp-MarkdownCell img')]"
                 "        .every(i => i.complete); }",
-                arg=path, timeout=LAB_TIMEOUT_MS)
+                arg=[path, boxes], timeout=LAB_TIMEOUT_MS)
         except PlaywrightTimeout:
             pass  # what is shown is read below, and the test says what is missing
         opened = page.evaluate("(path) => { const w = window.jupyterapp.shell.currentWidget;"
                                " return Boolean(w && w.context && w.context.path === path); }", path)
-        states[chapter.name] = page.evaluate(CHAPTER_STATE) if opened else {
-            "cells": -1, "renderedCells": 0, "text": [], "images": [], "unknown": 0}
+        if opened:
+            exercises = page.evaluate(EXERCISE_STATE)
+            if exercises["exercises"]:  # a picture of the first exercise and its folded solution
+                page.evaluate("() => document.querySelector('.jp-MarkdownCell aside.myst-exercise')"
+                              ".scrollIntoView({block: 'start'})")
+                shot = SCREENSHOT_DIR / "jupyterlab" / f"{chapter.stem}-exercises.jpg"
+                page.screenshot(path=shot, type="jpeg", quality=60)
+            # every solution opened, so that its text is read (and checked) with the rest
+            page.evaluate("() => { for (const d of document.querySelectorAll("
+                          "'.jp-MarkdownCell details.myst-exercise'))"
+                          " if (d.querySelector('summary').innerText.includes('Solution to'))"
+                          " d.open = true; }")
+            states[chapter.name] = {**page.evaluate(CHAPTER_STATE), **exercises}
+        else:
+            states[chapter.name] = {"cells": -1, "renderedCells": 0, "text": [], "images": [], "unknown": 0}
         # the screenshot shows the chapter's first figure (or its top), as the reader sees it
         page.evaluate("() => { const img = document.querySelector('.jp-MarkdownCell figure img');"
                       " if (img) img.scrollIntoView({block: 'center'}); }")
@@ -323,6 +373,19 @@ def test_every_chapter_shows_its_numbers_and_figures_in_jupyterlab(lab: str, lab
         if len(decoded) != figures:
             problems.append(f"{chapter.name}: {len(decoded)} figure images shown for {figures} {{figure}} "
                             f"directives: {state['images']}")
+        markdown = "\n".join(prose)
+        exercises, solutions = len(EXERCISE.findall(markdown)), len(SOLUTION.findall(markdown))
+        numbered = [re.match(r"Exercise (\d+)\b", title) for title in state["exercises"]]
+        if [int(m.group(1)) if m else None for m in numbered] != list(range(1, exercises + 1)):
+            problems.append(f"{chapter.name}: {exercises} exercises, shown: {state['exercises']}")
+        if len(state["solutions"]) != solutions or any(s["open"] for s in state["solutions"]):
+            problems.append(f"{chapter.name}: {solutions} solutions, each folded; shown: "
+                            f"{state['solutions']}")
+        hidden = sum(c.cell_type == "code" and c.metadata.get("jupyter", {}).get("source_hidden", False)
+                     for c in source.cells)
+        if state["hiddenInputs"] != hidden:
+            problems.append(f"{chapter.name}: {hidden} code cells with source_hidden (the solutions' code), "
+                            f"{state['hiddenInputs']} collapsed")
         if numbers:
             # every stored result shows: the text of the first few stored results appears in the prose
             # (a glue:figure's caption sits inside its "Unknown Directive" box, not shown)

@@ -300,3 +300,122 @@ def test_printed_lines_fit_the_column(notebook: tuple[str, nbformat.NotebookNode
                          if len(line) > MAX_SHOWN_WIDTH]
     assert not wide, (f"{name}: printed lines wider than {MAX_SHOWN_WIDTH} characters scroll "
                       "sideways:\n" + "\n".join(wide))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercises (README, "Adding a section"): at the end of a section, under "## Exercises", at least three,
+# of the three kinds, each marked with its kind and difficulty and followed by its folded solution.
+
+EXERCISE_DIRECTIVE = re.compile(r"^`{3,}\{exercise\}[^\n]*\n((?::[\w-]+:[^\n]*\n)*)", re.MULTILINE)
+SOLUTION_DIRECTIVE = re.compile(r"^`{3,}\{(solution|solution-start)\}\s+(\S+)\s*\n((?::[\w-]+:[^\n]*\n)*)",
+                                re.MULTILINE)
+GATE = re.compile(r"^`{3,}\{solution-(start|end)\}", re.MULTILINE)
+KIND_LINE = re.compile(r"^\*\*(Check|Code|Explore)\*\* · difficulty ([★☆]{3})$", re.MULTILINE)
+CHECK_CALL = re.compile(r"^check\(\"(\w+)\", (\w+)\)$", re.MULTILINE)
+
+
+def _options(block: str) -> dict[str, str]:
+    return dict(re.findall(r"^:([\w-]+):\s*(.*)$", block, re.MULTILINE))
+
+
+def _exercise_cells(nb: nbformat.NotebookNode) -> list[tuple[int, dict[str, str], str]]:
+    """(cell index, options, kind line) of every exercise directive, in order."""
+    found = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown":
+            continue
+        for m in EXERCISE_DIRECTIVE.finditer(cell.source):
+            kind = KIND_LINE.search(cell.source[m.end():])
+            found.append((index, _options(m.group(1)), kind.group(0) if kind else ""))
+    return found
+
+
+def _stdout(cell: nbformat.NotebookNode) -> str:
+    return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+
+
+def test_exercises_follow_the_section_rules(notebook: tuple[str, nbformat.NotebookNode]) -> None:
+    name, nb = notebook
+    exercises = _exercise_cells(nb)
+    if not exercises:
+        return
+    headings = [i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+                for line in c.source.splitlines() if line.startswith("## ")]
+    start = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+                  and c.source.startswith("## Exercises")), None)
+    assert start is not None and start == headings[-1], (
+        f"{name}: exercises go at the end of the section, under the last heading '## Exercises'")
+    assert all(index > start for index, _, _ in exercises), f"{name}: an exercise before '## Exercises'"
+    assert len(exercises) >= 3, f"{name}: at least three exercises, found {len(exercises)}"
+    kinds = [KIND_LINE.match(kind) for _, _, kind in exercises]
+    assert all(kinds), (f"{name}: every exercise opens with its kind and difficulty, e.g. "
+                        f"'**Check** · difficulty ★☆☆': {[k for _, _, k in exercises]}")
+    assert {k.group(1) for k in kinds} == {"Check", "Code", "Explore"}, f"{name}: one of each kind"
+    assert any(k.group(2) == "★☆☆" for k in kinds), f"{name}: at least one exercise of five minutes (★☆☆)"
+    labels = [options.get("label", "") for _, options, _ in exercises]
+    assert all(label.startswith("ex-") for label in labels), f"{name}: label every exercise ex-...: {labels}"
+    # each exercise's solution comes after it, before the next exercise, folded
+    solutions = [(i, m.group(2), _options(m.group(3))) for i, c in enumerate(nb.cells)
+                 if c.cell_type == "markdown" for m in SOLUTION_DIRECTIVE.finditer(c.source)]
+    bounds = [index for index, _, _ in exercises] + [len(nb.cells)]
+    for (index, _, _), label, after in zip(exercises, labels, bounds[1:], strict=True):
+        mine = [s for s in solutions if s[1] == label]
+        assert len(mine) == 1 and index <= mine[0][0] < after, (
+            f"{name}: {label} needs one solution between it and the next exercise")
+        assert "dropdown" in mine[0][2].get("class", "").split(), (
+            f"{name}: {label}'s solution needs :class: dropdown (folded)")
+        assert mine[0][2].get("label", "").startswith("sol-"), f"{name}: label {label}'s solution sol-..."
+
+
+def test_gated_solutions_are_paired_and_hide_their_code_in_jupyterlab(
+        notebook: tuple[str, nbformat.NotebookNode]) -> None:
+    """solution-start and solution-end alternate (sphinx-exercise fails on anything else), and a code cell
+    between them keeps its source folded in JupyterLab (jupyter.source_hidden), where the gated
+    solution's box cannot hold it."""
+    name, nb = notebook
+    inside, opened_at = False, None
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            for m in GATE.finditer(cell.source):
+                assert (m.group(1) == "start") != inside, (
+                    f"{name}: cell {index}: solution-{m.group(1)} out of turn")
+                inside, opened_at = m.group(1) == "start", index
+        elif inside:
+            assert cell.metadata.get("jupyter", {}).get("source_hidden") is True, (
+                f"{name}: code cell {index} of the solution opened in cell {opened_at} needs "
+                "metadata jupyter.source_hidden: true (JupyterLab would show the answer)")
+    assert not inside, f"{name}: solution-start in cell {opened_at} has no solution-end"
+
+
+def test_code_exercises_ship_a_stub_and_a_checked_solution(
+        notebook: tuple[str, nbformat.NotebookNode]) -> None:
+    """Every check(...) output stored is "correct" or, for the stub, "not implemented yet", never an error
+    or a wrong answer; each checker used has both, in that order, and is registered for this section."""
+    from kltutorial.exercises import CHECKERS
+
+    name, nb = notebook
+    seen: dict[str, list[str]] = {}
+    for index, cell in _code_cells(nb):
+        for checker, _ in CHECK_CALL.findall(cell.source):
+            printed = _stdout(cell)
+            status = ("correct" if printed.startswith(f"{checker}: correct") else
+                      "stub" if printed.startswith(f"{checker}: not implemented yet") else printed[:200])
+            assert status in ("correct", "stub"), (
+                f"{name}: cell {index}: check({checker!r}) printed {status!r}")
+            seen.setdefault(checker, []).append(status)
+    for checker, statuses in seen.items():
+        assert checker in CHECKERS and CHECKERS[checker].section == Path(name).stem, (
+            f"{name}: checker {checker!r} is not registered for this section")
+        assert statuses == ["stub", "correct"], f"{name}: {checker}: stub then solution, got {statuses}"
+    if any(KIND_LINE.match(k) and k.startswith("**Code**") for _, _, k in _exercise_cells(nb)):
+        assert seen, f"{name}: a code exercise without a check(...) call"
+
+
+def test_every_checker_is_used_in_its_section() -> None:
+    from kltutorial.exercises import CHECKERS
+
+    for checker in CHECKERS.values():
+        path = BOOK / f"{checker.section}.ipynb"
+        assert path.is_file(), f"checker {checker.name!r}: no notebook {path.name}"
+        calls = [m for _, c in _code_cells(_read(path)) for m in CHECK_CALL.findall(c.source)]
+        assert any(m[0] == checker.name for m in calls), f"checker {checker.name!r} unused in {path.name}"

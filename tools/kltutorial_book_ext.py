@@ -32,6 +32,13 @@ expression evaluated in the reader's kernel (``tools/myst_eval.py`` explains
 the scheme). When a notebook is read, every ``{eval}`` in it is checked, and
 its stored ``user_expressions`` compared with the glued values; a problem is a
 warning, so the strict build (``-W``) fails on it.
+
+Exercises
+---------
+sphinx-exercise gives the body of every exercise the id ``exercise-content`` and
+of every solution ``solution-content``, so a page with several has the same id
+several times. Each body's id is made its box's label plus ``-content``
+(``ex-k3-stable-content``), unique on the page.
 """
 
 from __future__ import annotations
@@ -113,10 +120,18 @@ def check_evals(app: Sphinx, doctree: nodes.document) -> None:
         logger.warning(problem, location=app.env.docname, type="kltutorial", subtype="eval")
 
 
+def unique_exercise_ids(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    """Give each exercise's and solution's body an id of its own: its box's label + ``-content``."""
+    for section in doctree.findall(nodes.section):
+        if section["ids"] in (["exercise-content"], ["solution-content"]) and section.parent["ids"]:
+            section["ids"] = [f"{section.parent['ids'][0]}-content"]
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.setup_extension("myst_nb")  # its own eval role first, so that ours replaces it
     app.add_role("eval", eval_role, override=True)
     app.connect("doctree-read", check_evals)
+    app.connect("doctree-resolved", unique_exercise_ids)
     app.connect("html-page-context", dedupe_scripts, priority=900)
     app.connect("builder-inited", add_static_path)
     app.add_js_file("kltutorial.js", loading_method="defer")

@@ -1,0 +1,236 @@
+"""The exercise checkers (kltutorial.exercises): each accepts the package's own implementation and a
+reader's correct one, rejects plausible wrong answers on the case that exposes them, says "not
+implemented yet" for the stub, prints deterministically, and rejects bad arguments clearly."""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stdout
+
+import numpy as np
+import pytest
+import torch
+
+from kltutorial import exercises as exr
+from kltutorial.estimators import k3
+from kltutorial.exact import kl_divergence
+from kltutorial.exercises import CHECKERS, Case, check, register_checker, verdict
+from kltutorial.objective import shape_rewards
+
+WIDTH = 88
+
+
+def _stub(*args):
+    raise NotImplementedError
+
+
+# --- what readers write: right and wrong ---------------------------------------------------------------
+
+
+def _kl_reader(p, q):
+    support = p > 0
+    with np.errstate(divide="ignore"):
+        return float(np.sum(p[support] * (np.log(p[support]) - np.log(q[support]))))
+
+
+def _kl_naive(p, q):  # the formula as written: 0 * log(0) is nan
+    return float(np.sum(p * np.log(p / q)))
+
+
+def _kl_swapped(p, q):  # the other direction
+    return kl_divergence(q, p)
+
+
+def _kl_bits(p, q):  # log2: bits, not nats
+    return float(np.sum(np.where(p > 0, p * np.log2(np.where(p > 0, p / q, 1.0)), 0.0)))
+
+
+def _k3_reader(log_ratio):
+    return torch.expm1(-log_ratio) + log_ratio
+
+
+def _k3_sign(log_ratio):  # the ratio the other way up, r = pi / pi_ref
+    return torch.expm1(log_ratio) - log_ratio
+
+
+def _k3_naive(log_ratio):  # exp(-x) - 1 loses the digits of a small x
+    return torch.exp(-log_ratio) - 1 + log_ratio
+
+
+def _k3_ratio_first(log_ratio):  # r computed first: exp(-120) underflows to 0 in float32, log 0 = -inf
+    r = torch.exp(-log_ratio)
+    return (r - 1) - torch.log(r)
+
+
+def _k3_mean(log_ratio):  # the estimate averaged: a number, not one per token
+    return (torch.expm1(-log_ratio) + log_ratio).mean()
+
+
+def _last_valid(mask):
+    positions = torch.arange(mask.shape[1])
+    return torch.where(mask.bool(), positions, -1).amax(dim=1)
+
+
+def _rewards_reader(scores, per_token_kl, mask, beta):
+    rewards = torch.where(mask.bool(), -beta * per_token_kl, torch.zeros_like(per_token_kl))
+    rewards[torch.arange(len(scores)), _last_valid(mask)] += scores
+    return rewards
+
+
+def _rewards_no_mask(scores, per_token_kl, mask, beta):  # pads keep -beta * kl
+    rewards = -beta * per_token_kl
+    rewards[torch.arange(len(scores)), _last_valid(mask)] += scores
+    return rewards
+
+
+def _rewards_count_minus_one(scores, per_token_kl, mask, beta):  # right for right padding only
+    rewards = torch.where(mask.bool(), -beta * per_token_kl, torch.zeros_like(per_token_kl))
+    rewards[torch.arange(len(scores)), mask.sum(dim=1) - 1] += scores
+    return rewards
+
+
+def _rewards_last_column(scores, per_token_kl, mask, beta):  # the score always at position T - 1
+    rewards = torch.where(mask.bool(), -beta * per_token_kl, torch.zeros_like(per_token_kl))
+    rewards[:, -1] += scores
+    return rewards
+
+
+def _rewards_sign(scores, per_token_kl, mask, beta):  # +beta: a bonus for moving away
+    return _rewards_reader(scores, -per_token_kl, mask, beta)
+
+
+PACKAGE = {"kl_divergence": kl_divergence, "k3": k3, "shape_rewards": shape_rewards}
+READERS = {"kl_divergence": _kl_reader, "k3": _k3_reader, "shape_rewards": _rewards_reader}
+# name, wrong answer, the status it gets, the case that exposes it, a phrase of the message
+WRONG = [
+    ("kl_divergence", _kl_naive, "wrong", 3, "got      nan"),
+    ("kl_divergence", _kl_swapped, "wrong", 1, "expected 0.143841"),
+    ("kl_divergence", _kl_bits, "wrong", 1, "got      0.207519"),
+    ("k3", _k3_sign, "wrong", 1, "first difference at index 0"),
+    ("k3", _k3_naive, "wrong", 2, "tiny log-ratios"),
+    ("k3", _k3_ratio_first, "wrong", 4, "expected 119, got inf"),
+    ("k3", _k3_mean, "wrong", 1, "expected shape (5,), got shape ()"),
+    ("shape_rewards", _rewards_no_mask, "wrong", 2, "at index (0, 3): expected 0, got -0.15"),
+    ("shape_rewards", _rewards_count_minus_one, "wrong", 2, "at index (1, 1): expected 0, got -1"),
+    ("shape_rewards", _rewards_last_column, "wrong", 2, "at index (0, 2)"),
+    ("shape_rewards", _rewards_sign, "wrong", 1, "expected -0.05, got 0.05"),
+]
+
+
+def test_every_checker_is_tested_here():
+    assert set(CHECKERS) == set(PACKAGE) == set(READERS)
+    for name in CHECKERS:
+        assert sum(w[0] == name for w in WRONG) >= 2, f"{name}: test at least two wrong answers"
+
+
+@pytest.mark.parametrize("name", sorted(PACKAGE))
+def test_the_package_s_own_implementation_is_correct(name):
+    result = verdict(name, PACKAGE[name])
+    assert result.correct and result.case is None, result.message
+    assert result.message == f"{name}: correct (all {len(CHECKERS[name].cases())} hidden cases)"
+
+
+@pytest.mark.parametrize("name", sorted(READERS))
+def test_a_reader_s_correct_implementation_is_accepted(name):
+    assert verdict(name, READERS[name]).correct
+
+
+def test_k3_computed_in_float64_and_cast_back_is_accepted():
+    """The tolerances leave room for another correct formula, not only the package's."""
+    assert verdict("k3", lambda d: (torch.expm1(-d.double()) + d.double()).to(d.dtype)).correct
+
+
+@pytest.mark.parametrize(("name", "wrong", "status", "case", "phrase"), WRONG,
+                         ids=[f"{w[0]}-{w[1].__name__.lstrip('_')}" for w in WRONG])
+def test_a_plausible_wrong_answer_is_rejected_on_the_case_that_exposes_it(name, wrong, status, case, phrase):
+    result = verdict(name, wrong)
+    assert (result.status, result.case) == (status, case), result.message
+    assert not result.correct
+    lines = result.message.splitlines()
+    assert lines[0].startswith(f"{name}: wrong on hidden case {case} of ")
+    assert any(line.lstrip().startswith("expected") for line in lines)
+    assert any(line.lstrip().startswith("got") for line in lines)
+    assert phrase in result.message, result.message
+    assert all(len(line) <= WIDTH for line in lines), lines
+
+
+@pytest.mark.parametrize("name", sorted(CHECKERS))
+def test_the_stub_is_not_implemented_yet(name):
+    result = verdict(name, _stub)
+    assert result.status == "not implemented" and result.case is None
+    assert result.message.startswith(f"{name}: not implemented yet")
+    assert len(result.message) <= WIDTH
+
+
+def test_an_exception_is_reported_with_its_input_not_raised():
+    def broken(scores, per_token_kl, mask, beta):
+        return per_token_kl[5]
+
+    result = verdict("shape_rewards", broken)
+    assert (result.status, result.case) == ("error", 1)
+    assert result.message.startswith("shape_rewards: raised IndexError on hidden case 1 of 4")
+    assert "  mask = tensor([[1, 1, 1], [1, 1, 1]], int64)" in result.message
+    assert "IndexError: index 5 is out of bounds" in result.message
+
+
+def test_check_prints_the_verdict_and_is_deterministic():
+    outputs = []
+    for _ in range(2):
+        buffer = io.StringIO()
+        with redirect_stdout(buffer):
+            check("k3", _k3_naive)
+        outputs.append(buffer.getvalue())
+    assert outputs[0] == outputs[1] == verdict("k3", _k3_naive).message + "\n"
+
+
+def test_a_function_that_changes_its_input_cannot_change_the_cases():
+    def in_place(log_ratio):
+        log_ratio.mul_(0)  # the reader's own input, not the case nor the expected value
+        return torch.expm1(-log_ratio) + log_ratio
+
+    result = verdict("k3", in_place)
+    assert result.status == "wrong" and "log_ratio = tensor([-2, -0.5, 0, 0.5, 2], float64)" in result.message
+    assert verdict("k3", k3).correct
+
+
+def test_warnings_inside_the_reader_s_function_are_not_shown(recwarn):
+    def noisy(p, q):
+        return float(np.sum(np.where(p > 0, p * np.log(p / q), 0.0)))  # warns about log 0, is right
+
+    assert verdict("kl_divergence", noisy).correct
+    assert not recwarn.list
+
+
+def test_a_float32_result_is_compared_at_its_own_tolerance():
+    case = CHECKERS["k3"].cases()[2]
+    assert case.args["log_ratio"].dtype == torch.float32 and case.rtol > 1e-6
+
+
+def test_register_checker_adds_and_refuses_a_duplicate(monkeypatch):
+    monkeypatch.setattr(exr, "CHECKERS", dict(CHECKERS))
+
+    @register_checker("double", lambda x: 2 * x, "00-test")
+    def _cases():
+        return [Case("two", {"x": 2.0})]
+
+    assert verdict("double", lambda x: x + x).correct
+    assert verdict("double", lambda x: x * x + 1).status == "wrong"
+    with pytest.raises(ValueError, match="already registered"):
+        register_checker("double", lambda x: x, "00-test")(_cases)
+
+
+BAD = [
+    ("unknown name", lambda: verdict("k4", k3), ValueError, r"no exercise checker named 'k4'.*'k3'"),
+    ("name not a string", lambda: verdict(3, k3), TypeError, "name must be the exercise's checker name"),
+    ("fn not callable", lambda: verdict("k3", 3.0), TypeError, "fn must be the function you wrote"),
+    ("fn is the result, not the function", lambda: check("k3", k3(torch.zeros(2))), TypeError,
+     "got Tensor"),
+    ("register: empty name", lambda: register_checker("", k3, "x"), TypeError, "non-empty string"),
+    ("register: reference not callable", lambda: register_checker("z", 1, "x"), TypeError, "reference"),
+]
+
+
+@pytest.mark.parametrize(("call", "exc", "match"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_arguments_raise_a_clear_error(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
