@@ -89,7 +89,7 @@ class KLLogStats:
 
         Its per-token variance is :math:`\\chi^2(\\pi_\\mathrm{ref} \\| \\pi)` of the next-token
         distributions, and the ratio has a heavy right tail wherever the policy has pushed down tokens the
-        reference likes. Near the reference (that :math:`\\chi^2` small) a gap of many :attr:`gap_se` says
+        reference likes. Near the reference (that :math:`\\chi^2` small) a gap of many ``gap_se`` says
         the tokens did not come from the policy; far from it, correct batches cross that line too, because a
         typical batch misses the rare large ratios and so has a biased mean and too small a standard error
         (:func:`kltutorial.studies.diagnostics.gap_false_alarms` measures how often). There,
