@@ -192,17 +192,17 @@ def exact_kl_check(
     standard error, a check of the sampler that stays valid far from the reference.
 
     .. math::
-        \\bar d = \\frac{1}{B} \\sum_{i=1}^{B} \\sum_t m_{i,t} \\big(\\Delta_{i,t} - \\mathrm{KL}_{i,t}\\big),
+        D = \\frac{1}{B} \\sum_{i=1}^{B} \\sum_t m_{i,t} \\big(\\Delta_{i,t} - \\mathrm{KL}_{i,t}\\big),
         \\qquad \\mathrm{se} = \\frac{s}{\\sqrt{B}}
 
     with :math:`\\Delta_{i,t}` the log-ratio of the sampled token and :math:`\\mathrm{KL}_{i,t} =
     \\mathrm{KL}(\\pi(\\cdot \\mid y_{<t}) \\| \\pi_\\mathrm{ref}(\\cdot \\mid y_{<t}))` the exact KL of
     the next-token distributions at its prefix (:func:`kltutorial.logprobs.exact_kl` of both models'
     logits). Given the prefix, :math:`\\Delta_t` has mean :math:`\\mathrm{KL}_t` when the token is drawn
-    from the policy, so :math:`\\bar d` has mean 0 on correct samples and moves when the tokens come from
+    from the policy, so :math:`D` has mean 0 on correct samples and moves when the tokens come from
     elsewhere. The k1 - k3 gap's per-token variance is :math:`\\chi^2(\\pi_\\mathrm{ref} \\| \\pi)`, where
     a token the policy has pushed down by :math:`\\delta` nats weighs :math:`e^{\\delta}`; here each term's
-    variance is that of the log-ratio given the prefix, where it weighs :math:`\\delta`. So ``d / se``
+    variance is that of the log-ratio given the prefix, where it weighs :math:`\\delta`. So ``D / se``
     stays close to a standard normal on correct samples much farther from the reference than the gap's
     z does (:func:`kltutorial.studies.diagnostics.gap_false_alarms` measures both), and no clamp biases
     it. The price: both models' full next-token distributions at every position, so log it on a few
@@ -220,7 +220,7 @@ def exact_kl_check(
     Returns
     -------
     (float, float)
-        :math:`\\bar d` and its standard error (NaN for B = 1).
+        :math:`D` and its standard error (NaN for B = 1).
 
     Examples
     --------

@@ -14,11 +14,11 @@ policy, and where the KL sits along a sequence (book section 12).
    exact KL of the next-token distributions at its prefix; :func:`token_kl_table` builds it on a
    listable space.
 4. **False alarms of the k1 - k3 gap.** On correct samples the gap has mean 0, but its per-token variance
-   is :math:`\\chi^2(\\pi_\\mathrm{ref} \\| \\pi)`, which grows without bound as the policy pushes down
+   is :math:`\chi^2(\pi_\mathrm{ref} \| \pi)`, which grows without bound as the policy pushes down
    tokens the reference likes. :func:`gap_false_alarms` measures, over many on-policy batches, how often
    the gap crosses a threshold in standard errors, beside the check of
    :func:`kltutorial.monitoring.exact_kl_check`; :func:`pushed_down_pair` builds a categorical pair
-   that is close in KL but far in :math:`\\chi^2`.
+   that is close in KL but far in :math:`\chi^2`.
 
 Shapes: B batch (sequences), T positions, V vocabulary, P prefixes (rows of a next-token table),
 V**T sequences.
