@@ -22,6 +22,7 @@ checker                the package's implementation                        secti
 ``"kl_divergence"``    :func:`kltutorial.exact.categorical.kl_divergence`  2
 ``"k3"``               :func:`kltutorial.estimators.k3`                    4
 ``"shape_rewards"``    :func:`kltutorial.objective.shape_rewards`          5
+``"sequence_k1"``      :func:`kltutorial.monitoring.sequence_k1_k3`, k1    3
 =====================  ==================================================  =======
 
 A new checker is one function that returns its cases, registered with :func:`register_checker`
@@ -369,4 +370,47 @@ def _shape_rewards_cases() -> list[Case]:
              batch([1.0, 0.0, -0.5], [[0.3, 0.1, 0.7, 0.2, 0.9], [0.2, 0.2, 0.2, 0.2, 0.2],
                                        [1.1, -0.4, 0.6, 0.05, 0.3]],
                    [[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [0, 0, 1, 1, 1]], 0.2), atol=1e-12),
+    ]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sections 3, 6 and 1 (appended as one block)
+
+
+def _sequence_k1_reference(policy_logprobs: torch.Tensor, reference_logprobs: torch.Tensor,
+                           mask: torch.Tensor) -> torch.Tensor:
+    """The per-response sum of the sampled tokens' log-ratios over the valid positions, (B,), float64:
+    :func:`kltutorial.monitoring.sequence_k1_k3`'s k1."""
+    from .monitoring import sequence_k1_k3
+
+    return sequence_k1_k3(policy_logprobs - reference_logprobs, mask.bool())[0]
+
+
+@register_checker("sequence_k1", _sequence_k1_reference, "03-kl-for-sequences")
+def _sequence_k1_cases() -> list[Case]:
+    """``my_sequence_k1(policy_logprobs, reference_logprobs, mask)``: for each response of a padded batch,
+    the sum over its valid tokens of log pi(y_t | y_<t) - log pi_ref(y_t | y_<t), the one-sample estimate
+    of the sequence KL. Padding (mask 0, on either side) holds whatever the models said there, even
+    -inf, and must not count."""
+    def batch(logp: list[list[float]], ref: list[list[float]], mask: list[list[int]]) -> dict:
+        return {"policy_logprobs": torch.tensor(logp, dtype=torch.float64),
+                "reference_logprobs": torch.tensor(ref, dtype=torch.float64),
+                "mask": torch.tensor(mask)}
+
+    inf = float("inf")
+    return [
+        Case("no padding",
+             batch([[-0.5, -1.2, -0.1], [-2.0, -0.3, -0.7]], [[-0.9, -1.0, -0.4], [-1.5, -0.3, -1.1]],
+                   [[1, 1, 1], [1, 1, 1]]), atol=1e-12),
+        Case("one right-padded and one left-padded response",
+             batch([[-0.2, -0.8, -1.5, -0.4], [-3.0, -0.6, -0.9, -0.2]],
+                   [[-0.7, -0.5, -0.6, -2.2], [-0.1, -1.9, -1.4, -0.3]],
+                   [[1, 1, 1, 0], [0, 0, 1, 1]]), atol=1e-12),
+        Case("responses of different lengths, float32",
+             {"policy_logprobs": torch.tensor([[-0.3, -0.4, -0.5, -0.6], [-1.0, -2.0, -0.5, -0.25]]),
+              "reference_logprobs": torch.tensor([[-0.6, -0.2, -0.9, -0.1], [-1.5, -1.0, -0.75, -3.0]]),
+              "mask": torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])}, rtol=1e-5, atol=1e-6),
+        Case("padding where a model says -inf (a token it cannot produce)",
+             batch([[-0.4, -0.9, -inf], [-inf, -0.2, -1.3]], [[-0.6, -0.3, -inf], [-2.0, -0.7, -0.5]],
+                   [[1, 1, 0], [0, 1, 1]]), atol=1e-12),
     ]

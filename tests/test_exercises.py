@@ -234,3 +234,56 @@ BAD = [
 def test_bad_arguments_raise_a_clear_error(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+# --- sections 3, 6 and 1: their checkers, tested the same way (one block, appended) -------------------
+
+
+def _seq_k1_reader(policy_logprobs, reference_logprobs, mask):
+    return torch.where(mask.bool(), policy_logprobs - reference_logprobs, 0.0).sum(dim=-1)
+
+
+def _seq_k1_no_mask(policy_logprobs, reference_logprobs, mask):  # the padding's log-ratios counted
+    return (policy_logprobs - reference_logprobs).sum(dim=-1)
+
+
+def _seq_k1_times_mask(policy_logprobs, reference_logprobs, mask):  # -inf - -inf = nan, and nan * 0 = nan
+    return ((policy_logprobs - reference_logprobs) * mask).sum(dim=-1)
+
+
+def _seq_k1_token_mean(policy_logprobs, reference_logprobs, mask):  # a per-token mean, not the sum
+    return _seq_k1_reader(policy_logprobs, reference_logprobs, mask) / mask.sum(dim=-1)
+
+
+def _seq_k1_sign(policy_logprobs, reference_logprobs, mask):  # log pi_ref - log pi
+    return _seq_k1_reader(reference_logprobs, policy_logprobs, mask)
+
+
+def _seq_k1_batch_total(policy_logprobs, reference_logprobs, mask):  # one number for the batch
+    return _seq_k1_reader(policy_logprobs, reference_logprobs, mask).sum()
+
+
+SECTIONS_3_6_1_READERS = {"sequence_k1": _seq_k1_reader}
+SECTIONS_3_6_1_WRONG = [
+    ("sequence_k1", _seq_k1_no_mask, "wrong", 2, "expected -0.7, got 1.1"),
+    ("sequence_k1", _seq_k1_times_mask, "wrong", 4, "got nan"),
+    ("sequence_k1", _seq_k1_token_mean, "wrong", 1, "expected 0.5, got 0.1666666667"),
+    ("sequence_k1", _seq_k1_sign, "wrong", 1, "expected 0.5, got -0.5"),
+    ("sequence_k1", _seq_k1_batch_total, "wrong", 1, "expected shape (2,), got shape ()"),
+]
+PACKAGE.update({name: CHECKERS[name].reference for name in SECTIONS_3_6_1_READERS})
+READERS.update(SECTIONS_3_6_1_READERS)
+WRONG = [*WRONG, *SECTIONS_3_6_1_WRONG]  # a new list: the parametrized test above keeps its own
+
+
+@pytest.mark.parametrize("name", sorted(SECTIONS_3_6_1_READERS))
+def test_sections_3_6_1_checkers_accept_the_package_and_a_reader(name):
+    assert verdict(name, CHECKERS[name].reference).correct
+    assert verdict(name, SECTIONS_3_6_1_READERS[name]).correct
+    assert verdict(name, _stub).status == "not implemented"
+
+
+@pytest.mark.parametrize(("name", "wrong", "status", "case", "phrase"), SECTIONS_3_6_1_WRONG,
+                         ids=[f"{w[0]}-{w[1].__name__.lstrip('_')}" for w in SECTIONS_3_6_1_WRONG])
+def test_sections_3_6_1_wrong_answers_are_rejected(name, wrong, status, case, phrase):
+    test_a_plausible_wrong_answer_is_rejected_on_the_case_that_exposes_it(name, wrong, status, case, phrase)
