@@ -23,6 +23,7 @@ checker                the package's implementation                        secti
 ``"k3"``               :func:`kltutorial.estimators.k3`                    4
 ``"shape_rewards"``    :func:`kltutorial.objective.shape_rewards`          5
 ``"sequence_k1"``      :func:`kltutorial.monitoring.sequence_k1_k3`, k1    3
+``"token_mean_kl"``    :func:`.sum_to_token_mean` of the masked sum        6
 =====================  ==================================================  =======
 
 A new checker is one function that returns its cases, registered with :func:`register_checker`
@@ -413,4 +414,40 @@ def _sequence_k1_cases() -> list[Case]:
         Case("padding where a model says -inf (a token it cannot produce)",
              batch([[-0.4, -0.9, -inf], [-inf, -0.2, -1.3]], [[-0.6, -0.3, -inf], [-2.0, -0.7, -0.5]],
                    [[1, 1, 0], [0, 1, 1]]), atol=1e-12),
+    ]
+
+
+def _token_mean_kl_reference(per_token_kl: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each response's KL as a token mean over its mask, (B,), float64: the masked sum per response, then
+    :func:`kltutorial.studies.beta_scale.sum_to_token_mean` with the response's length."""
+    from .studies.beta_scale import sum_to_token_mean
+
+    valid = mask.bool()
+    sums = torch.where(valid, per_token_kl.to(torch.float64), 0.0).sum(dim=-1)
+    means = sum_to_token_mean(sums.numpy(), valid.sum(dim=-1).numpy())
+    return torch.as_tensor(np.asarray(means, dtype=np.float64)).reshape(sums.shape)
+
+
+@register_checker("token_mean_kl", _token_mean_kl_reference, "06-choosing-beta")
+def _token_mean_kl_cases() -> list[Case]:
+    """``my_token_mean_kl(per_token_kl, mask)``: for each response of a padded batch, the mean of its
+    per-token KL over its own tokens (mask 1), S_i / T_i, the reading verl and OpenRLHF give their
+    controller. Padding may be on either side and holds whatever the models said there, even nan."""
+    def batch(kl: list[list[float]], mask: list[list[int]]) -> dict:
+        return {"per_token_kl": torch.tensor(kl, dtype=torch.float64), "mask": torch.tensor(mask)}
+
+    nan = float("nan")
+    return [
+        Case("no padding", batch([[0.2, 0.4, 0.6], [0.1, -0.3, 0.5]], [[1, 1, 1], [1, 1, 1]]),
+             atol=1e-12),
+        Case("one right-padded and one left-padded response",
+             batch([[0.3, 0.1, 0.8, 2.0], [1.5, -0.4, 0.2, 0.6]], [[1, 1, 1, 0], [0, 0, 1, 1]]),
+             atol=1e-12),
+        Case("responses of 1, 3 and 5 tokens, float32",
+             {"per_token_kl": torch.tensor([[0.5, 0.25, 0.75, 1.0, 0.125], [0.2, 0.4, 0.9, 0.1, 0.3],
+                                            [0.05, 0.15, 0.25, 0.35, 0.45]]),
+              "mask": torch.tensor([[1, 0, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])},
+             rtol=1e-5, atol=1e-6),
+        Case("padding where the models' numbers are nan",
+             batch([[0.4, 0.2, nan], [nan, nan, 0.9]], [[1, 1, 0], [0, 0, 1]]), atol=1e-12),
     ]

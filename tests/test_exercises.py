@@ -263,13 +263,38 @@ def _seq_k1_batch_total(policy_logprobs, reference_logprobs, mask):  # one numbe
     return _seq_k1_reader(policy_logprobs, reference_logprobs, mask).sum()
 
 
-SECTIONS_3_6_1_READERS = {"sequence_k1": _seq_k1_reader}
+def _token_mean_reader(per_token_kl, mask):
+    valid = mask.bool()
+    return torch.where(valid, per_token_kl, 0.0).sum(dim=-1) / valid.sum(dim=-1)
+
+
+def _token_mean_padded_width(per_token_kl, mask):  # divided by T, the padded width, not T_i
+    return torch.where(mask.bool(), per_token_kl, 0.0).sum(dim=-1) / mask.shape[-1]
+
+
+def _token_mean_sum(per_token_kl, mask):  # the sum, not the mean
+    return torch.where(mask.bool(), per_token_kl, 0.0).sum(dim=-1)
+
+
+def _token_mean_times_mask(per_token_kl, mask):  # nan * 0 = nan
+    return (per_token_kl * mask).sum(dim=-1) / mask.sum(dim=-1)
+
+
+def _token_mean_whole_batch(per_token_kl, mask):  # one ratio for the batch, sum S_i / sum T_i
+    return torch.where(mask.bool(), per_token_kl, 0.0).sum() / mask.sum()
+
+
+SECTIONS_3_6_1_READERS = {"sequence_k1": _seq_k1_reader, "token_mean_kl": _token_mean_reader}
 SECTIONS_3_6_1_WRONG = [
     ("sequence_k1", _seq_k1_no_mask, "wrong", 2, "expected -0.7, got 1.1"),
     ("sequence_k1", _seq_k1_times_mask, "wrong", 4, "got nan"),
     ("sequence_k1", _seq_k1_token_mean, "wrong", 1, "expected 0.5, got 0.1666666667"),
     ("sequence_k1", _seq_k1_sign, "wrong", 1, "expected 0.5, got -0.5"),
     ("sequence_k1", _seq_k1_batch_total, "wrong", 1, "expected shape (2,), got shape ()"),
+    ("token_mean_kl", _token_mean_padded_width, "wrong", 2, "expected 0.4, got 0.3"),
+    ("token_mean_kl", _token_mean_sum, "wrong", 1, "expected 0.4, got 1.2"),
+    ("token_mean_kl", _token_mean_times_mask, "wrong", 4, "got nan"),
+    ("token_mean_kl", _token_mean_whole_batch, "wrong", 1, "expected shape (2,), got shape ()"),
 ]
 PACKAGE.update({name: CHECKERS[name].reference for name in SECTIONS_3_6_1_READERS})
 READERS.update(SECTIONS_3_6_1_READERS)
