@@ -24,6 +24,7 @@ checker                the package's implementation                        secti
 ``"shape_rewards"``    :func:`kltutorial.objective.shape_rewards`          5
 ``"sequence_k1"``      :func:`kltutorial.monitoring.sequence_k1_k3`, k1    3
 ``"token_mean_kl"``    :func:`.sum_to_token_mean` of the masked sum        6
+``"optimal_policy"``   :func:`kltutorial.exact.optimum.optimal_policy`     1
 =====================  ==================================================  =======
 
 A new checker is one function that returns its cases, registered with :func:`register_checker`
@@ -46,6 +47,7 @@ import torch
 
 from .estimators import k3 as _k3
 from .exact.categorical import kl_divergence as _kl_divergence
+from .exact.optimum import optimal_policy as _optimal_policy
 from .objective import shape_rewards as _shape_rewards
 
 __all__ = ["Case", "Checker", "Verdict", "CHECKERS", "register_checker", "verdict", "check"]
@@ -450,4 +452,23 @@ def _token_mean_kl_cases() -> list[Case]:
              rtol=1e-5, atol=1e-6),
         Case("padding where the models' numbers are nan",
              batch([[0.4, 0.2, nan], [nan, nan, 0.9]], [[1, 1, 0], [0, 0, 1]]), atol=1e-12),
+    ]
+
+
+@register_checker("optimal_policy", _optimal_policy, "01-why-kl")
+def _optimal_policy_cases() -> list[Case]:
+    """``my_optimal_policy(ref_logprobs, reward, beta)``: the log-probabilities of
+    pi*_beta(y) = pi_ref(y) exp(r(y) / beta) / Z_beta over a listed set of responses, exact even where
+    exp(r / beta) overflows (a small beta)."""
+    def space(ref: list[float], reward: list[float], beta: float) -> dict:
+        return {"ref_logprobs": torch.tensor(ref, dtype=torch.float64).log(),
+                "reward": torch.tensor(reward, dtype=torch.float64), "beta": beta}
+
+    return [
+        Case("three responses, beta = 1", space([0.5, 0.3, 0.2], [0.0, 1.0, -1.0], 1.0), atol=1e-12),
+        Case("four responses, beta = 0.3", space([0.1, 0.2, 0.3, 0.4], [2.0, 0.5, -0.5, 1.0], 0.3),
+             atol=1e-12),
+        Case("beta = 0.001: exp(r / beta) overflows float64",
+             space([0.6, 0.3, 0.1], [1.5, 2.0, 1.99], 1e-3), atol=1e-9),
+        Case("beta = 100: close to pi_ref", space([0.25, 0.25, 0.5], [3.0, -3.0, 0.0], 100.0), atol=1e-12),
     ]

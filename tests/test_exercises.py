@@ -284,7 +284,30 @@ def _token_mean_whole_batch(per_token_kl, mask):  # one ratio for the batch, sum
     return torch.where(mask.bool(), per_token_kl, 0.0).sum() / mask.sum()
 
 
-SECTIONS_3_6_1_READERS = {"sequence_k1": _seq_k1_reader, "token_mean_kl": _token_mean_reader}
+def _posterior_reader(ref_logprobs, reward, beta):
+    logits = ref_logprobs + reward / beta
+    return logits - torch.logsumexp(logits, dim=0)
+
+
+def _posterior_in_probabilities(ref_logprobs, reward, beta):  # exp(r / beta) overflows: inf / inf
+    p = ref_logprobs.exp() * torch.exp(reward / beta)
+    return (p / p.sum()).log()
+
+
+def _posterior_sign(ref_logprobs, reward, beta):  # e^{-r / beta}: the reward as a cost
+    return _posterior_reader(ref_logprobs, -reward, beta)
+
+
+def _posterior_unnormalised(ref_logprobs, reward, beta):  # log Z_beta left out
+    return ref_logprobs + reward / beta
+
+
+def _posterior_times_beta(ref_logprobs, reward, beta):  # r * beta: beta read as a weight on r
+    return _posterior_reader(ref_logprobs, reward * beta * beta, beta)
+
+
+SECTIONS_3_6_1_READERS = {"sequence_k1": _seq_k1_reader, "token_mean_kl": _token_mean_reader,
+                          "optimal_policy": _posterior_reader}
 SECTIONS_3_6_1_WRONG = [
     ("sequence_k1", _seq_k1_no_mask, "wrong", 2, "expected -0.7, got 1.1"),
     ("sequence_k1", _seq_k1_times_mask, "wrong", 4, "got nan"),
@@ -295,6 +318,10 @@ SECTIONS_3_6_1_WRONG = [
     ("token_mean_kl", _token_mean_sum, "wrong", 1, "expected 0.4, got 1.2"),
     ("token_mean_kl", _token_mean_times_mask, "wrong", 4, "got nan"),
     ("token_mean_kl", _token_mean_whole_batch, "wrong", 1, "expected shape (2,), got shape ()"),
+    ("optimal_policy", _posterior_in_probabilities, "wrong", 3, "expected -499.306868, got nan"),
+    ("optimal_policy", _posterior_sign, "wrong", 1, "expected -1.021774754, got -0.8363988511"),
+    ("optimal_policy", _posterior_unnormalised, "wrong", 1, "got -0.6931471806"),
+    ("optimal_policy", _posterior_times_beta, "wrong", 2, "expected -0.1457379425, got -1.895462939"),
 ]
 PACKAGE.update({name: CHECKERS[name].reference for name in SECTIONS_3_6_1_READERS})
 READERS.update(SECTIONS_3_6_1_READERS)
