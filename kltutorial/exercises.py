@@ -22,6 +22,9 @@ checker                the package's implementation                        secti
 ``"kl_divergence"``    :func:`kltutorial.exact.categorical.kl_divergence`  2
 ``"k3"``               :func:`kltutorial.estimators.k3`                    4
 ``"shape_rewards"``    :func:`kltutorial.objective.shape_rewards`          5
+``"sequence_k1"``      :func:`kltutorial.monitoring.sequence_k1_k3`, k1    3
+``"token_mean_kl"``    :func:`.sum_to_token_mean` of the masked sum        6
+``"optimal_policy"``   :func:`kltutorial.exact.optimum.optimal_policy`     1
 =====================  ==================================================  =======
 
 A new checker is one function that returns its cases, registered with :func:`register_checker`
@@ -44,6 +47,7 @@ import torch
 
 from .estimators import k3 as _k3
 from .exact.categorical import kl_divergence as _kl_divergence
+from .exact.optimum import optimal_policy as _optimal_policy
 from .objective import shape_rewards as _shape_rewards
 
 __all__ = ["Case", "Checker", "Verdict", "CHECKERS", "register_checker", "verdict", "check"]
@@ -369,4 +373,102 @@ def _shape_rewards_cases() -> list[Case]:
              batch([1.0, 0.0, -0.5], [[0.3, 0.1, 0.7, 0.2, 0.9], [0.2, 0.2, 0.2, 0.2, 0.2],
                                        [1.1, -0.4, 0.6, 0.05, 0.3]],
                    [[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [0, 0, 1, 1, 1]], 0.2), atol=1e-12),
+    ]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sections 3, 6 and 1 (appended as one block)
+
+
+def _sequence_k1_reference(policy_logprobs: torch.Tensor, reference_logprobs: torch.Tensor,
+                           mask: torch.Tensor) -> torch.Tensor:
+    """The per-response sum of the sampled tokens' log-ratios over the valid positions, (B,), float64:
+    :func:`kltutorial.monitoring.sequence_k1_k3`'s k1."""
+    from .monitoring import sequence_k1_k3
+
+    return sequence_k1_k3(policy_logprobs - reference_logprobs, mask.bool())[0]
+
+
+@register_checker("sequence_k1", _sequence_k1_reference, "03-kl-for-sequences")
+def _sequence_k1_cases() -> list[Case]:
+    """``my_sequence_k1(policy_logprobs, reference_logprobs, mask)``: for each response of a padded batch,
+    the sum over its valid tokens of log pi(y_t | y_<t) - log pi_ref(y_t | y_<t), the one-sample estimate
+    of the sequence KL. Padding (mask 0, on either side) holds whatever the models said there, even
+    -inf, and must not count."""
+    def batch(logp: list[list[float]], ref: list[list[float]], mask: list[list[int]]) -> dict:
+        return {"policy_logprobs": torch.tensor(logp, dtype=torch.float64),
+                "reference_logprobs": torch.tensor(ref, dtype=torch.float64),
+                "mask": torch.tensor(mask)}
+
+    inf = float("inf")
+    return [
+        Case("no padding",
+             batch([[-0.5, -1.2, -0.1], [-2.0, -0.3, -0.7]], [[-0.9, -1.0, -0.4], [-1.5, -0.3, -1.1]],
+                   [[1, 1, 1], [1, 1, 1]]), atol=1e-12),
+        Case("one right-padded and one left-padded response",
+             batch([[-0.2, -0.8, -1.5, -0.4], [-3.0, -0.6, -0.9, -0.2]],
+                   [[-0.7, -0.5, -0.6, -2.2], [-0.1, -1.9, -1.4, -0.3]],
+                   [[1, 1, 1, 0], [0, 0, 1, 1]]), atol=1e-12),
+        Case("responses of different lengths, float32",
+             {"policy_logprobs": torch.tensor([[-0.3, -0.4, -0.5, -0.6], [-1.0, -2.0, -0.5, -0.25]]),
+              "reference_logprobs": torch.tensor([[-0.6, -0.2, -0.9, -0.1], [-1.5, -1.0, -0.75, -3.0]]),
+              "mask": torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])}, rtol=1e-5, atol=1e-6),
+        Case("padding where a model says -inf (a token it cannot produce)",
+             batch([[-0.4, -0.9, -inf], [-inf, -0.2, -1.3]], [[-0.6, -0.3, -inf], [-2.0, -0.7, -0.5]],
+                   [[1, 1, 0], [0, 1, 1]]), atol=1e-12),
+    ]
+
+
+def _token_mean_kl_reference(per_token_kl: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each response's KL as a token mean over its mask, (B,), float64: the masked sum per response, then
+    :func:`kltutorial.studies.beta_scale.sum_to_token_mean` with the response's length."""
+    from .studies.beta_scale import sum_to_token_mean
+
+    valid = mask.bool()
+    sums = torch.where(valid, per_token_kl.to(torch.float64), 0.0).sum(dim=-1)
+    means = sum_to_token_mean(sums.numpy(), valid.sum(dim=-1).numpy())
+    return torch.as_tensor(np.asarray(means, dtype=np.float64)).reshape(sums.shape)
+
+
+@register_checker("token_mean_kl", _token_mean_kl_reference, "06-choosing-beta")
+def _token_mean_kl_cases() -> list[Case]:
+    """``my_token_mean_kl(per_token_kl, mask)``: for each response of a padded batch, the mean of its
+    per-token KL over its own tokens (mask 1), S_i / T_i, the reading verl and OpenRLHF give their
+    controller. Padding may be on either side and holds whatever the models said there, even nan."""
+    def batch(kl: list[list[float]], mask: list[list[int]]) -> dict:
+        return {"per_token_kl": torch.tensor(kl, dtype=torch.float64), "mask": torch.tensor(mask)}
+
+    nan = float("nan")
+    return [
+        Case("no padding", batch([[0.2, 0.4, 0.6], [0.1, -0.3, 0.5]], [[1, 1, 1], [1, 1, 1]]),
+             atol=1e-12),
+        Case("one right-padded and one left-padded response",
+             batch([[0.3, 0.1, 0.8, 2.0], [1.5, -0.4, 0.2, 0.6]], [[1, 1, 1, 0], [0, 0, 1, 1]]),
+             atol=1e-12),
+        Case("responses of 1, 3 and 5 tokens, float32",
+             {"per_token_kl": torch.tensor([[0.5, 0.25, 0.75, 1.0, 0.125], [0.2, 0.4, 0.9, 0.1, 0.3],
+                                            [0.05, 0.15, 0.25, 0.35, 0.45]]),
+              "mask": torch.tensor([[1, 0, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])},
+             rtol=1e-5, atol=1e-6),
+        Case("padding where the models' numbers are nan",
+             batch([[0.4, 0.2, nan], [nan, nan, 0.9]], [[1, 1, 0], [0, 0, 1]]), atol=1e-12),
+    ]
+
+
+@register_checker("optimal_policy", _optimal_policy, "01-why-kl")
+def _optimal_policy_cases() -> list[Case]:
+    """``my_optimal_policy(ref_logprobs, reward, beta)``: the log-probabilities of
+    pi*_beta(y) = pi_ref(y) exp(r(y) / beta) / Z_beta over a listed set of responses, exact even where
+    exp(r / beta) overflows (a small beta)."""
+    def space(ref: list[float], reward: list[float], beta: float) -> dict:
+        return {"ref_logprobs": torch.tensor(ref, dtype=torch.float64).log(),
+                "reward": torch.tensor(reward, dtype=torch.float64), "beta": beta}
+
+    return [
+        Case("three responses, beta = 1", space([0.5, 0.3, 0.2], [0.0, 1.0, -1.0], 1.0), atol=1e-12),
+        Case("four responses, beta = 0.3", space([0.1, 0.2, 0.3, 0.4], [2.0, 0.5, -0.5, 1.0], 0.3),
+             atol=1e-12),
+        Case("beta = 0.001: exp(r / beta) overflows float64",
+             space([0.6, 0.3, 0.1], [1.5, 2.0, 1.99], 1e-3), atol=1e-9),
+        Case("beta = 100: close to pi_ref", space([0.25, 0.25, 0.5], [3.0, -3.0, 0.0], 100.0), atol=1e-12),
     ]

@@ -234,3 +234,108 @@ BAD = [
 def test_bad_arguments_raise_a_clear_error(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+# --- sections 3, 6 and 1: their checkers, tested the same way (one block, appended) -------------------
+
+
+def _seq_k1_reader(policy_logprobs, reference_logprobs, mask):
+    return torch.where(mask.bool(), policy_logprobs - reference_logprobs, 0.0).sum(dim=-1)
+
+
+def _seq_k1_no_mask(policy_logprobs, reference_logprobs, mask):  # the padding's log-ratios counted
+    return (policy_logprobs - reference_logprobs).sum(dim=-1)
+
+
+def _seq_k1_times_mask(policy_logprobs, reference_logprobs, mask):  # -inf - -inf = nan, and nan * 0 = nan
+    return ((policy_logprobs - reference_logprobs) * mask).sum(dim=-1)
+
+
+def _seq_k1_token_mean(policy_logprobs, reference_logprobs, mask):  # a per-token mean, not the sum
+    return _seq_k1_reader(policy_logprobs, reference_logprobs, mask) / mask.sum(dim=-1)
+
+
+def _seq_k1_sign(policy_logprobs, reference_logprobs, mask):  # log pi_ref - log pi
+    return _seq_k1_reader(reference_logprobs, policy_logprobs, mask)
+
+
+def _seq_k1_batch_total(policy_logprobs, reference_logprobs, mask):  # one number for the batch
+    return _seq_k1_reader(policy_logprobs, reference_logprobs, mask).sum()
+
+
+def _token_mean_reader(per_token_kl, mask):
+    valid = mask.bool()
+    return torch.where(valid, per_token_kl, 0.0).sum(dim=-1) / valid.sum(dim=-1)
+
+
+def _token_mean_padded_width(per_token_kl, mask):  # divided by T, the padded width, not T_i
+    return torch.where(mask.bool(), per_token_kl, 0.0).sum(dim=-1) / mask.shape[-1]
+
+
+def _token_mean_sum(per_token_kl, mask):  # the sum, not the mean
+    return torch.where(mask.bool(), per_token_kl, 0.0).sum(dim=-1)
+
+
+def _token_mean_times_mask(per_token_kl, mask):  # nan * 0 = nan
+    return (per_token_kl * mask).sum(dim=-1) / mask.sum(dim=-1)
+
+
+def _token_mean_whole_batch(per_token_kl, mask):  # one ratio for the batch, sum S_i / sum T_i
+    return torch.where(mask.bool(), per_token_kl, 0.0).sum() / mask.sum()
+
+
+def _posterior_reader(ref_logprobs, reward, beta):
+    logits = ref_logprobs + reward / beta
+    return logits - torch.logsumexp(logits, dim=0)
+
+
+def _posterior_in_probabilities(ref_logprobs, reward, beta):  # exp(r / beta) overflows: inf / inf
+    p = ref_logprobs.exp() * torch.exp(reward / beta)
+    return (p / p.sum()).log()
+
+
+def _posterior_sign(ref_logprobs, reward, beta):  # e^{-r / beta}: the reward as a cost
+    return _posterior_reader(ref_logprobs, -reward, beta)
+
+
+def _posterior_unnormalised(ref_logprobs, reward, beta):  # log Z_beta left out
+    return ref_logprobs + reward / beta
+
+
+def _posterior_times_beta(ref_logprobs, reward, beta):  # r * beta: beta read as a weight on r
+    return _posterior_reader(ref_logprobs, reward * beta * beta, beta)
+
+
+SECTIONS_3_6_1_READERS = {"sequence_k1": _seq_k1_reader, "token_mean_kl": _token_mean_reader,
+                          "optimal_policy": _posterior_reader}
+SECTIONS_3_6_1_WRONG = [
+    ("sequence_k1", _seq_k1_no_mask, "wrong", 2, "expected -0.7, got 1.1"),
+    ("sequence_k1", _seq_k1_times_mask, "wrong", 4, "got nan"),
+    ("sequence_k1", _seq_k1_token_mean, "wrong", 1, "expected 0.5, got 0.1666666667"),
+    ("sequence_k1", _seq_k1_sign, "wrong", 1, "expected 0.5, got -0.5"),
+    ("sequence_k1", _seq_k1_batch_total, "wrong", 1, "expected shape (2,), got shape ()"),
+    ("token_mean_kl", _token_mean_padded_width, "wrong", 2, "expected 0.4, got 0.3"),
+    ("token_mean_kl", _token_mean_sum, "wrong", 1, "expected 0.4, got 1.2"),
+    ("token_mean_kl", _token_mean_times_mask, "wrong", 4, "got nan"),
+    ("token_mean_kl", _token_mean_whole_batch, "wrong", 1, "expected shape (2,), got shape ()"),
+    ("optimal_policy", _posterior_in_probabilities, "wrong", 3, "expected -499.306868, got nan"),
+    ("optimal_policy", _posterior_sign, "wrong", 1, "expected -1.021774754, got -0.8363988511"),
+    ("optimal_policy", _posterior_unnormalised, "wrong", 1, "got -0.6931471806"),
+    ("optimal_policy", _posterior_times_beta, "wrong", 2, "expected -0.1457379425, got -1.895462939"),
+]
+PACKAGE.update({name: CHECKERS[name].reference for name in SECTIONS_3_6_1_READERS})
+READERS.update(SECTIONS_3_6_1_READERS)
+WRONG = [*WRONG, *SECTIONS_3_6_1_WRONG]  # a new list: the parametrized test above keeps its own
+
+
+@pytest.mark.parametrize("name", sorted(SECTIONS_3_6_1_READERS))
+def test_sections_3_6_1_checkers_accept_the_package_and_a_reader(name):
+    assert verdict(name, CHECKERS[name].reference).correct
+    assert verdict(name, SECTIONS_3_6_1_READERS[name]).correct
+    assert verdict(name, _stub).status == "not implemented"
+
+
+@pytest.mark.parametrize(("name", "wrong", "status", "case", "phrase"), SECTIONS_3_6_1_WRONG,
+                         ids=[f"{w[0]}-{w[1].__name__.lstrip('_')}" for w in SECTIONS_3_6_1_WRONG])
+def test_sections_3_6_1_wrong_answers_are_rejected(name, wrong, status, case, phrase):
+    test_a_plausible_wrong_answer_is_rejected_on_the_case_that_exposes_it(name, wrong, status, case, phrase)
