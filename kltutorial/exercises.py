@@ -16,13 +16,14 @@ run in order up to the first failure. Warnings raised inside the reader's functi
 checker judges values. :func:`verdict` returns the same result as a :class:`Verdict` for code (the
 notebooks' hidden assertions and ``tests/test_exercises.py``).
 
-=====================  ==================================================  =======
-checker                the package's implementation                        section
-=====================  ==================================================  =======
-``"kl_divergence"``    :func:`kltutorial.exact.categorical.kl_divergence`  2
-``"k3"``               :func:`kltutorial.estimators.k3`                    4
-``"shape_rewards"``    :func:`kltutorial.objective.shape_rewards`          5
-=====================  ==================================================  =======
+=====================  =====================================================  =======
+checker                the package's implementation                           section
+=====================  =====================================================  =======
+``"kl_divergence"``    :func:`kltutorial.exact.categorical.kl_divergence`     2
+``"k3"``               :func:`kltutorial.estimators.k3`                       4
+``"shape_rewards"``    :func:`kltutorial.objective.shape_rewards`             5
+``"ziegler_update"``   :class:`kltutorial.controllers.AdaptiveKLController`   7
+=====================  =====================================================  =======
 
 A new checker is one function that returns its cases, registered with :func:`register_checker`
 under the exercise's name, the package function it compares against and the section; its test
@@ -370,3 +371,38 @@ def _shape_rewards_cases() -> list[Case]:
                                        [1.1, -0.4, 0.6, 0.05, 0.3]],
                    [[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [0, 0, 1, 1, 1]], 0.2), atol=1e-12),
     ]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sections 7, 8 and 9: one Ziegler update, a masked token mean, GAE
+
+
+def _ziegler_update(beta: float, kl: float, target_kl: float, n_steps: int, horizon: float) -> float:
+    """One update of :class:`~kltutorial.controllers.AdaptiveKLController`: β after measuring ``kl``."""
+    from .controllers import AdaptiveKLController
+
+    return float(AdaptiveKLController(beta, target_kl, horizon).update(kl, n_steps))
+
+
+
+
+@register_checker("ziegler_update", _ziegler_update, "07-adaptive-kl-control")
+def _ziegler_update_cases() -> list[Case]:
+    """``my_update(beta, kl, target_kl, n_steps, horizon)``: beta * max(1 + e n/H, 0.01), the error
+    e = KL/target - 1 clipped to [-0.2, 0.2]; plain Python numbers in, one number out."""
+    def args(beta: float, kl: float, target: float, n: int, horizon: float) -> dict:
+        return {"beta": beta, "kl": kl, "target_kl": target, "n_steps": n, "horizon": horizon}
+
+    return [
+        Case("KL 10 % above target, batch 512, H = 10,000", args(0.2, 6.6, 6.0, 512, 10_000.0), rtol=1e-12),
+        Case("KL on target: beta unchanged", args(0.15, 6.0, 6.0, 512, 10_000.0), rtol=1e-12),
+        Case("KL far above target: the error is clipped to +0.2", args(0.3, 9.0, 6.0, 2048, 10_000.0),
+             rtol=1e-12),
+        Case("KL far below target: the error is clipped to -0.2", args(0.3, 1.0, 6.0, 2048, 10_000.0),
+             rtol=1e-12),
+        Case("KL 5 % below a target of 0.1 (verl's), batch 256, H = 1,000",
+             args(0.001, 0.095, 0.1, 256, 1_000.0), rtol=1e-12),
+        Case("n/H = 6 and the KL 20 % below: the factor is floored at 0.01",
+             args(0.4, 4.0, 6.0, 60_000, 10_000.0), rtol=1e-12),
+    ]
+

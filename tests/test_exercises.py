@@ -234,3 +234,67 @@ BAD = [
 def test_bad_arguments_raise_a_clear_error(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+# --- sections 7, 8 and 9: one Ziegler update, a masked token mean, GAE ------------------------------------
+# (self-contained: the lists above are extended, and the parametrised tests below cover these checkers)
+
+
+def _ziegler_reader(beta, kl, target_kl, n_steps, horizon):
+    error = min(max(kl / target_kl - 1, -0.2), 0.2)
+    return beta * max(1 + error * n_steps / horizon, 0.01)
+
+
+def _ziegler_unclipped(beta, kl, target_kl, n_steps, horizon):  # the error not clipped
+    return beta * max(1 + (kl / target_kl - 1) * n_steps / horizon, 0.01)
+
+
+def _ziegler_ratio_inverted(beta, kl, target_kl, n_steps, horizon):  # target / KL - 1: the wrong way
+    error = min(max(target_kl / kl - 1, -0.2), 0.2)
+    return beta * max(1 + error * n_steps / horizon, 0.01)
+
+
+def _ziegler_no_floor(beta, kl, target_kl, n_steps, horizon):  # the libraries' factor: can go negative
+    error = min(max(kl / target_kl - 1, -0.2), 0.2)
+    return beta * (1 + error * n_steps / horizon)
+
+
+def _ziegler_additive(beta, kl, target_kl, n_steps, horizon):  # beta + e n/H: not multiplicative
+    error = min(max(kl / target_kl - 1, -0.2), 0.2)
+    return beta + error * n_steps / horizon
+
+
+PACKAGE_789 = {"ziegler_update": exr._ziegler_update}
+READERS_789 = {"ziegler_update": _ziegler_reader}
+WRONG_789 = [
+    ("ziegler_update", _ziegler_unclipped, "wrong", 3, "got      0.33072"),
+    ("ziegler_update", _ziegler_ratio_inverted, "wrong", 1, "KL 10 % above target"),
+    ("ziegler_update", _ziegler_no_floor, "wrong", 6, "got      -0.08"),
+    ("ziegler_update", _ziegler_additive, "wrong", 1, "expected 0.2010"),
+]
+PACKAGE.update(PACKAGE_789)
+READERS.update(READERS_789)
+# a new list, not extend: the parametrisation above holds the old one (and its ids)
+WRONG = WRONG + WRONG_789
+
+
+@pytest.mark.parametrize("name", sorted(PACKAGE_789))
+def test_sections_7_to_9_package_and_reader_are_correct(name):
+    test_the_package_s_own_implementation_is_correct(name)
+    test_a_reader_s_correct_implementation_is_accepted(name)
+
+
+@pytest.mark.parametrize(("name", "wrong", "status", "case", "phrase"), WRONG_789,
+                         ids=[f"{w[0]}-{w[1].__name__.lstrip('_')}" for w in WRONG_789])
+def test_sections_7_to_9_wrong_answers_are_rejected(name, wrong, status, case, phrase):
+    test_a_plausible_wrong_answer_is_rejected_on_the_case_that_exposes_it(name, wrong, status, case, phrase)
+
+
+def test_ziegler_update_matches_the_controller_over_a_run():
+    """The reader's rule, applied update after update, is the controller's history."""
+    from kltutorial.controllers import AdaptiveKLController
+
+    controller, beta = AdaptiveKLController(0.1, 6.0, 1_000.0), 0.1
+    for kl in (0.5, 3.0, 7.0, 12.0, 6.2, 5.1, 2.0):
+        beta = _ziegler_reader(beta, kl, 6.0, 64, 1_000.0)
+        assert beta == pytest.approx(controller.update(kl, 64), rel=1e-14)
