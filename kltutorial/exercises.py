@@ -23,6 +23,7 @@ checker                the package's implementation                           se
 ``"k3"``               :func:`kltutorial.estimators.k3`                       4
 ``"shape_rewards"``    :func:`kltutorial.objective.shape_rewards`             5
 ``"ziegler_update"``   :class:`kltutorial.controllers.AdaptiveKLController`   7
+``"token_mean"``       :func:`kltutorial.estimators.compute_token_kl`         8
 =====================  =====================================================  =======
 
 A new checker is one function that returns its cases, registered with :func:`register_checker`
@@ -384,6 +385,13 @@ def _ziegler_update(beta: float, kl: float, target_kl: float, n_steps: int, hori
     return float(AdaptiveKLController(beta, target_kl, horizon).update(kl, n_steps))
 
 
+def _token_mean(per_token_kl: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The per-sequence token mean of :func:`~kltutorial.estimators.compute_token_kl` (``reduction="mean"``)
+    of per-token values: k1 of (values, 0) is the values themselves, exactly."""
+    from .estimators import compute_token_kl
+
+    return compute_token_kl(per_token_kl, torch.zeros_like(per_token_kl), mask, "k1", "mean")[1]
+
 
 
 @register_checker("ziegler_update", _ziegler_update, "07-adaptive-kl-control")
@@ -404,5 +412,29 @@ def _ziegler_update_cases() -> list[Case]:
              args(0.001, 0.095, 0.1, 256, 1_000.0), rtol=1e-12),
         Case("n/H = 6 and the KL 20 % below: the factor is floored at 0.01",
              args(0.4, 4.0, 6.0, 60_000, 10_000.0), rtol=1e-12),
+    ]
+
+
+@register_checker("token_mean", _token_mean, "08-code-implementation")
+def _token_mean_cases() -> list[Case]:
+    """``my_token_mean(per_token_kl, mask)``: per sequence, the mean of the per-token values over its
+    valid tokens (mask 1), whatever the values at padding; 0 for a sequence with no valid token."""
+    def batch(values: list[list[float]], mask: list[list[int]]) -> dict:
+        return {"per_token_kl": torch.tensor(values, dtype=torch.float64), "mask": torch.tensor(mask)}
+
+    return [
+        Case("no padding", batch([[0.2, 0.4, 0.3], [0.1, -0.2, 0.4]], [[1, 1, 1], [1, 1, 1]]), atol=1e-12),
+        Case("right padding, values that are not 0 at the pads",
+             batch([[0.2, 0.4, 0.3, 1.5, -2.0], [0.6, -0.1, 2.2, 0.9, 0.4]],
+                   [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0]]), atol=1e-12),
+        Case("left and right padding",
+             batch([[-3.0, 0.5, 0.7, 0.2], [0.3, 0.1, 4.0, 8.0]], [[0, 1, 1, 1], [1, 1, 0, 0]]), atol=1e-12),
+        Case("a float mask, three responses of lengths 4, 2, 1",
+             {"per_token_kl": torch.tensor([[0.5, 0.1, 0.2, 0.6], [1.1, -0.3, 5.0, 5.0],
+                                             [0.05, 9.0, 9.0, 9.0]], dtype=torch.float64),
+              "mask": torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])},
+             atol=1e-12),
+        Case("a response with no valid token gets 0",
+             batch([[0.4, 0.2, 0.6], [0.7, 0.3, -0.5]], [[1, 1, 0], [0, 0, 0]]), atol=1e-12),
     ]
 

@@ -264,13 +264,44 @@ def _ziegler_additive(beta, kl, target_kl, n_steps, horizon):  # beta + e n/H: n
     return beta + error * n_steps / horizon
 
 
-PACKAGE_789 = {"ziegler_update": exr._ziegler_update}
-READERS_789 = {"ziegler_update": _ziegler_reader}
+def _token_mean_reader(per_token_kl, mask):
+    valid = mask.bool()
+    total = torch.where(valid, per_token_kl, torch.zeros_like(per_token_kl)).sum(-1)
+    return total / valid.sum(-1).clamp(min=1)
+
+
+def _token_mean_no_mask(per_token_kl, mask):  # the pads' values counted, the mean over all T
+    return per_token_kl.mean(-1)
+
+
+def _token_mean_over_t(per_token_kl, mask):  # pads masked, but divided by all T positions
+    return torch.where(mask.bool(), per_token_kl, torch.zeros_like(per_token_kl)).sum(-1) / mask.shape[-1]
+
+
+def _token_mean_unmasked_sum(per_token_kl, mask):  # divided by the valid count, the pads still summed
+    return per_token_kl.sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+def _token_mean_nan_when_empty(per_token_kl, mask):  # 0 / 0 for a response with no valid token
+    return torch.where(mask.bool(), per_token_kl, torch.zeros_like(per_token_kl)).sum(-1) / mask.sum(-1)
+
+
+def _token_mean_batch(per_token_kl, mask):  # one number for the batch, not one per response
+    return torch.where(mask.bool(), per_token_kl, torch.zeros_like(per_token_kl)).sum() / mask.sum()
+
+
+PACKAGE_789 = {"ziegler_update": exr._ziegler_update, "token_mean": exr._token_mean}
+READERS_789 = {"ziegler_update": _ziegler_reader, "token_mean": _token_mean_reader}
 WRONG_789 = [
     ("ziegler_update", _ziegler_unclipped, "wrong", 3, "got      0.33072"),
     ("ziegler_update", _ziegler_ratio_inverted, "wrong", 1, "KL 10 % above target"),
     ("ziegler_update", _ziegler_no_floor, "wrong", 6, "got      -0.08"),
     ("ziegler_update", _ziegler_additive, "wrong", 1, "expected 0.2010"),
+    ("token_mean", _token_mean_no_mask, "wrong", 2, "at index 0"),
+    ("token_mean", _token_mean_over_t, "wrong", 2, "at index 0: expected 0.3, got 0.18"),
+    ("token_mean", _token_mean_unmasked_sum, "wrong", 2, "got      tensor([0.133333"),
+    ("token_mean", _token_mean_nan_when_empty, "wrong", 5, "got nan"),
+    ("token_mean", _token_mean_batch, "wrong", 1, "expected shape (2,), got shape ()"),
 ]
 PACKAGE.update(PACKAGE_789)
 READERS.update(READERS_789)
