@@ -24,6 +24,7 @@ checker                the package's implementation                           se
 ``"shape_rewards"``    :func:`kltutorial.objective.shape_rewards`             5
 ``"ziegler_update"``   :class:`kltutorial.controllers.AdaptiveKLController`   7
 ``"token_mean"``       :func:`kltutorial.estimators.compute_token_kl`         8
+``"gae"``              :func:`kltutorial.exact.placement.gae_advantages`      9
 =====================  =====================================================  =======
 
 A new checker is one function that returns its cases, registered with :func:`register_checker`
@@ -393,6 +394,13 @@ def _token_mean(per_token_kl: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return compute_token_kl(per_token_kl, torch.zeros_like(per_token_kl), mask, "k1", "mean")[1]
 
 
+def _gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+         lam: float) -> torch.Tensor:
+    """The advantages of :func:`~kltutorial.exact.placement.gae_advantages` (not the returns)."""
+    from .exact.placement import gae_advantages
+
+    return gae_advantages(rewards, values, mask, gamma, lam)[0]
+
 
 @register_checker("ziegler_update", _ziegler_update, "07-adaptive-kl-control")
 def _ziegler_update_cases() -> list[Case]:
@@ -438,3 +446,29 @@ def _token_mean_cases() -> list[Case]:
              batch([[0.4, 0.2, 0.6], [0.7, 0.3, -0.5]], [[1, 1, 0], [0, 0, 0]]), atol=1e-12),
     ]
 
+
+@register_checker("gae", _gae, "09-kl-in-reward-or-loss")
+def _gae_cases() -> list[Case]:
+    """``my_gae(rewards, values, mask, gamma, lam)``: delta_t = r_t + gamma V_{t+1} - V_t and
+    A_t = delta_t + gamma lam A_{t+1}, backwards from each row's last valid token, with V and A zero after
+    it; right padding; A exactly 0 at padding (where rewards and values may be anything)."""
+    def batch(rewards: list[list[float]], values: list[list[float]], mask: list[list[int]], gamma: float,
+              lam: float) -> dict:
+        return {"rewards": torch.tensor(rewards, dtype=torch.float64),
+                "values": torch.tensor(values, dtype=torch.float64), "mask": torch.tensor(mask),
+                "gamma": gamma, "lam": lam}
+
+    return [
+        Case("the section's hand-checked case: lam = 0.5",
+             batch([[0.0, 0.0, 1.0]], [[0.5, 0.6, 0.7]], [[1, 1, 1]], 1.0, 0.5), atol=1e-12),
+        Case("lam = 1: the return to go minus the value",
+             batch([[-0.1, -0.2, 0.9]], [[0.2, 0.4, 0.3]], [[1, 1, 1]], 1.0, 1.0), atol=1e-12),
+        Case("right padding with rewards and values at the pads, lam = 0.95",
+             batch([[-0.05, 0.02, 1.2, -0.3, -0.4], [0.1, 0.8, -0.7, 0.2, 0.6]],
+                   [[0.4, 0.5, 0.6, 0.9, 1.1], [0.3, 0.2, 0.5, 0.4, 0.7]],
+                   [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], 1.0, 0.95), atol=1e-12),
+        Case("gamma = 0.9, lam = 0.8, rows of lengths 4 and 1",
+             batch([[0.1, -0.2, 0.3, 1.0], [0.7, 0.5, -0.5, 0.9]],
+                   [[0.2, 0.3, 0.1, 0.4], [0.6, 0.8, 0.2, 0.3]],
+                   [[1, 1, 1, 1], [1, 0, 0, 0]], 0.9, 0.8), atol=1e-12),
+    ]

@@ -290,8 +290,42 @@ def _token_mean_batch(per_token_kl, mask):  # one number for the batch, not one 
     return torch.where(mask.bool(), per_token_kl, torch.zeros_like(per_token_kl)).sum() / mask.sum()
 
 
-PACKAGE_789 = {"ziegler_update": exr._ziegler_update, "token_mean": exr._token_mean}
-READERS_789 = {"ziegler_update": _ziegler_reader, "token_mean": _token_mean_reader}
+def _gae_reader(rewards, values, mask, gamma, lam):
+    valid = mask.bool()
+    r = torch.where(valid, rewards, torch.zeros_like(rewards))
+    v = torch.where(valid, values, torch.zeros_like(values))
+    advantages, running = torch.zeros_like(r), torch.zeros_like(r[:, 0])
+    for t in reversed(range(r.shape[1])):
+        next_value = v[:, t + 1] if t + 1 < r.shape[1] else torch.zeros_like(running)
+        running = r[:, t] + gamma * next_value - v[:, t] + gamma * lam * running
+        advantages[:, t] = running
+    return torch.where(valid, advantages, torch.zeros_like(advantages))
+
+
+def _gae_no_mask(rewards, values, mask, gamma, lam):  # pads' rewards and values leak in; A masked at the end
+    return _gae_reader(rewards, values, torch.ones_like(mask), gamma, lam) * mask
+
+
+def _gae_forward(rewards, values, mask, gamma, lam):  # the recursion run forwards, A_t from A_{t-1}
+    return torch.flip(_gae_reader(torch.flip(rewards, [1]), torch.flip(values, [1]),
+                                  torch.flip(mask, [1]), gamma, lam), [1])
+
+
+
+def _gae_lam_only(rewards, values, mask, gamma, lam):
+    valid = mask.bool()
+    r = torch.where(valid, rewards, torch.zeros_like(rewards))
+    v = torch.where(valid, values, torch.zeros_like(values))
+    advantages, running = torch.zeros_like(r), torch.zeros_like(r[:, 0])
+    for t in reversed(range(r.shape[1])):
+        next_value = v[:, t + 1] if t + 1 < r.shape[1] else torch.zeros_like(running)
+        running = r[:, t] + gamma * next_value - v[:, t] + lam * running
+        advantages[:, t] = running
+    return torch.where(valid, advantages, torch.zeros_like(advantages))
+
+
+PACKAGE_789 = {"ziegler_update": exr._ziegler_update, "token_mean": exr._token_mean, "gae": exr._gae}
+READERS_789 = {"ziegler_update": _ziegler_reader, "token_mean": _token_mean_reader, "gae": _gae_reader}
 WRONG_789 = [
     ("ziegler_update", _ziegler_unclipped, "wrong", 3, "got      0.33072"),
     ("ziegler_update", _ziegler_ratio_inverted, "wrong", 1, "KL 10 % above target"),
@@ -302,6 +336,9 @@ WRONG_789 = [
     ("token_mean", _token_mean_unmasked_sum, "wrong", 2, "got      tensor([0.133333"),
     ("token_mean", _token_mean_nan_when_empty, "wrong", 5, "got nan"),
     ("token_mean", _token_mean_batch, "wrong", 1, "expected shape (2,), got shape ()"),
+    ("gae", _gae_no_mask, "wrong", 3, "right padding"),
+    ("gae", _gae_forward, "wrong", 1, "at index (0, 0)"),
+    ("gae", _gae_lam_only, "wrong", 4, "gamma = 0.9"),
 ]
 PACKAGE.update(PACKAGE_789)
 READERS.update(READERS_789)
