@@ -16,16 +16,19 @@ run in order up to the first failure. Warnings raised inside the reader's functi
 checker judges values. :func:`verdict` returns the same result as a :class:`Verdict` for code (the
 notebooks' hidden assertions and ``tests/test_exercises.py``).
 
-=====================  ==================================================  =======
-checker                the package's implementation                        section
-=====================  ==================================================  =======
-``"kl_divergence"``    :func:`kltutorial.exact.categorical.kl_divergence`  2
-``"k3"``               :func:`kltutorial.estimators.k3`                    4
-``"shape_rewards"``    :func:`kltutorial.objective.shape_rewards`          5
-``"sequence_k1"``      :func:`kltutorial.monitoring.sequence_k1_k3`, k1    3
-``"token_mean_kl"``    :func:`.sum_to_token_mean` of the masked sum        6
-``"optimal_policy"``   :func:`kltutorial.exact.optimum.optimal_policy`     1
-=====================  ==================================================  =======
+=====================  =====================================================  =======
+checker                the package's implementation                           section
+=====================  =====================================================  =======
+``"kl_divergence"``    :func:`kltutorial.exact.categorical.kl_divergence`     2
+``"k3"``               :func:`kltutorial.estimators.k3`                       4
+``"shape_rewards"``    :func:`kltutorial.objective.shape_rewards`             5
+``"ziegler_update"``   :class:`kltutorial.controllers.AdaptiveKLController`   7
+``"token_mean"``       :func:`kltutorial.estimators.compute_token_kl`         8
+``"gae"``              :func:`kltutorial.exact.placement.gae_advantages`      9
+``"sequence_k1"``      :func:`kltutorial.monitoring.sequence_k1_k3`, k1       3
+``"token_mean_kl"``    :func:`.sum_to_token_mean` of the masked sum           6
+``"optimal_policy"``   :func:`kltutorial.exact.optimum.optimal_policy`        1
+=====================  =====================================================  =======
 
 A new checker is one function that returns its cases, registered with :func:`register_checker`
 under the exercise's name, the package function it compares against and the section; its test
@@ -471,4 +474,103 @@ def _optimal_policy_cases() -> list[Case]:
         Case("beta = 0.001: exp(r / beta) overflows float64",
              space([0.6, 0.3, 0.1], [1.5, 2.0, 1.99], 1e-3), atol=1e-9),
         Case("beta = 100: close to pi_ref", space([0.25, 0.25, 0.5], [3.0, -3.0, 0.0], 100.0), atol=1e-12),
+    ]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sections 7, 8 and 9: one Ziegler update, a masked token mean, GAE
+
+
+def _ziegler_update(beta: float, kl: float, target_kl: float, n_steps: int, horizon: float) -> float:
+    """One update of :class:`~kltutorial.controllers.AdaptiveKLController`: β after measuring ``kl``."""
+    from .controllers import AdaptiveKLController
+
+    return float(AdaptiveKLController(beta, target_kl, horizon).update(kl, n_steps))
+
+
+def _token_mean(per_token_kl: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The per-sequence token mean of :func:`~kltutorial.estimators.compute_token_kl` (``reduction="mean"``)
+    of per-token values: k1 of (values, 0) is the values themselves, exactly."""
+    from .estimators import compute_token_kl
+
+    return compute_token_kl(per_token_kl, torch.zeros_like(per_token_kl), mask, "k1", "mean")[1]
+
+
+def _gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+         lam: float) -> torch.Tensor:
+    """The advantages of :func:`~kltutorial.exact.placement.gae_advantages` (not the returns)."""
+    from .exact.placement import gae_advantages
+
+    return gae_advantages(rewards, values, mask, gamma, lam)[0]
+
+
+@register_checker("ziegler_update", _ziegler_update, "07-adaptive-kl-control")
+def _ziegler_update_cases() -> list[Case]:
+    """``my_update(beta, kl, target_kl, n_steps, horizon)``: beta * max(1 + e n/H, 0.01), the error
+    e = KL/target - 1 clipped to [-0.2, 0.2]; plain Python numbers in, one number out."""
+    def args(beta: float, kl: float, target: float, n: int, horizon: float) -> dict:
+        return {"beta": beta, "kl": kl, "target_kl": target, "n_steps": n, "horizon": horizon}
+
+    return [
+        Case("KL 10 % above target, batch 512, H = 10,000", args(0.2, 6.6, 6.0, 512, 10_000.0), rtol=1e-12),
+        Case("KL on target: beta unchanged", args(0.15, 6.0, 6.0, 512, 10_000.0), rtol=1e-12),
+        Case("KL far above target: the error is clipped to +0.2", args(0.3, 9.0, 6.0, 2048, 10_000.0),
+             rtol=1e-12),
+        Case("KL far below target: the error is clipped to -0.2", args(0.3, 1.0, 6.0, 2048, 10_000.0),
+             rtol=1e-12),
+        Case("KL 5 % below a target of 0.1 (verl's), batch 256, H = 1,000",
+             args(0.001, 0.095, 0.1, 256, 1_000.0), rtol=1e-12),
+        Case("n/H = 6 and the KL 20 % below: the factor is floored at 0.01",
+             args(0.4, 4.0, 6.0, 60_000, 10_000.0), rtol=1e-12),
+    ]
+
+
+@register_checker("token_mean", _token_mean, "08-code-implementation")
+def _token_mean_cases() -> list[Case]:
+    """``my_token_mean(per_token_kl, mask)``: per sequence, the mean of the per-token values over its
+    valid tokens (mask 1), whatever the values at padding; 0 for a sequence with no valid token."""
+    def batch(values: list[list[float]], mask: list[list[int]]) -> dict:
+        return {"per_token_kl": torch.tensor(values, dtype=torch.float64), "mask": torch.tensor(mask)}
+
+    return [
+        Case("no padding", batch([[0.2, 0.4, 0.3], [0.1, -0.2, 0.4]], [[1, 1, 1], [1, 1, 1]]), atol=1e-12),
+        Case("right padding, values that are not 0 at the pads",
+             batch([[0.2, 0.4, 0.3, 1.5, -2.0], [0.6, -0.1, 2.2, 0.9, 0.4]],
+                   [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0]]), atol=1e-12),
+        Case("left and right padding",
+             batch([[-3.0, 0.5, 0.7, 0.2], [0.3, 0.1, 4.0, 8.0]], [[0, 1, 1, 1], [1, 1, 0, 0]]), atol=1e-12),
+        Case("a float mask, three responses of lengths 4, 2, 1",
+             {"per_token_kl": torch.tensor([[0.5, 0.1, 0.2, 0.6], [1.1, -0.3, 5.0, 5.0],
+                                             [0.05, 9.0, 9.0, 9.0]], dtype=torch.float64),
+              "mask": torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])},
+             atol=1e-12),
+        Case("a response with no valid token gets 0",
+             batch([[0.4, 0.2, 0.6], [0.7, 0.3, -0.5]], [[1, 1, 0], [0, 0, 0]]), atol=1e-12),
+    ]
+
+
+@register_checker("gae", _gae, "09-kl-in-reward-or-loss")
+def _gae_cases() -> list[Case]:
+    """``my_gae(rewards, values, mask, gamma, lam)``: delta_t = r_t + gamma V_{t+1} - V_t and
+    A_t = delta_t + gamma lam A_{t+1}, backwards from each row's last valid token, with V and A zero after
+    it; right padding; A exactly 0 at padding (where rewards and values may be anything)."""
+    def batch(rewards: list[list[float]], values: list[list[float]], mask: list[list[int]], gamma: float,
+              lam: float) -> dict:
+        return {"rewards": torch.tensor(rewards, dtype=torch.float64),
+                "values": torch.tensor(values, dtype=torch.float64), "mask": torch.tensor(mask),
+                "gamma": gamma, "lam": lam}
+
+    return [
+        Case("the section's hand-checked case: lam = 0.5",
+             batch([[0.0, 0.0, 1.0]], [[0.5, 0.6, 0.7]], [[1, 1, 1]], 1.0, 0.5), atol=1e-12),
+        Case("lam = 1: the return to go minus the value",
+             batch([[-0.1, -0.2, 0.9]], [[0.2, 0.4, 0.3]], [[1, 1, 1]], 1.0, 1.0), atol=1e-12),
+        Case("right padding with rewards and values at the pads, lam = 0.95",
+             batch([[-0.05, 0.02, 1.2, -0.3, -0.4], [0.1, 0.8, -0.7, 0.2, 0.6]],
+                   [[0.4, 0.5, 0.6, 0.9, 1.1], [0.3, 0.2, 0.5, 0.4, 0.7]],
+                   [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], 1.0, 0.95), atol=1e-12),
+        Case("gamma = 0.9, lam = 0.8, rows of lengths 4 and 1",
+             batch([[0.1, -0.2, 0.3, 1.0], [0.7, 0.5, -0.5, 0.9]],
+                   [[0.2, 0.3, 0.1, 0.4], [0.6, 0.8, 0.2, 0.3]],
+                   [[1, 1, 1, 1], [1, 0, 0, 0]], 0.9, 0.8), atol=1e-12),
     ]

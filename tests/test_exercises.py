@@ -339,3 +339,135 @@ def test_sections_3_6_1_checkers_accept_the_package_and_a_reader(name):
                          ids=[f"{w[0]}-{w[1].__name__.lstrip('_')}" for w in SECTIONS_3_6_1_WRONG])
 def test_sections_3_6_1_wrong_answers_are_rejected(name, wrong, status, case, phrase):
     test_a_plausible_wrong_answer_is_rejected_on_the_case_that_exposes_it(name, wrong, status, case, phrase)
+
+
+# --- sections 7, 8 and 9: one Ziegler update, a masked token mean, GAE ------------------------------------
+# (self-contained: the lists above are extended, and the parametrised tests below cover these checkers)
+
+
+def _ziegler_reader(beta, kl, target_kl, n_steps, horizon):
+    error = min(max(kl / target_kl - 1, -0.2), 0.2)
+    return beta * max(1 + error * n_steps / horizon, 0.01)
+
+
+def _ziegler_unclipped(beta, kl, target_kl, n_steps, horizon):  # the error not clipped
+    return beta * max(1 + (kl / target_kl - 1) * n_steps / horizon, 0.01)
+
+
+def _ziegler_ratio_inverted(beta, kl, target_kl, n_steps, horizon):  # target / KL - 1: the wrong way
+    error = min(max(target_kl / kl - 1, -0.2), 0.2)
+    return beta * max(1 + error * n_steps / horizon, 0.01)
+
+
+def _ziegler_no_floor(beta, kl, target_kl, n_steps, horizon):  # the libraries' factor: can go negative
+    error = min(max(kl / target_kl - 1, -0.2), 0.2)
+    return beta * (1 + error * n_steps / horizon)
+
+
+def _ziegler_additive(beta, kl, target_kl, n_steps, horizon):  # beta + e n/H: not multiplicative
+    error = min(max(kl / target_kl - 1, -0.2), 0.2)
+    return beta + error * n_steps / horizon
+
+
+def _token_mean_reader(per_token_kl, mask):
+    valid = mask.bool()
+    total = torch.where(valid, per_token_kl, torch.zeros_like(per_token_kl)).sum(-1)
+    return total / valid.sum(-1).clamp(min=1)
+
+
+def _token_mean_no_mask(per_token_kl, mask):  # the pads' values counted, the mean over all T
+    return per_token_kl.mean(-1)
+
+
+def _token_mean_over_t(per_token_kl, mask):  # pads masked, but divided by all T positions
+    return torch.where(mask.bool(), per_token_kl, torch.zeros_like(per_token_kl)).sum(-1) / mask.shape[-1]
+
+
+def _token_mean_unmasked_sum(per_token_kl, mask):  # divided by the valid count, the pads still summed
+    return per_token_kl.sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+def _token_mean_nan_when_empty(per_token_kl, mask):  # 0 / 0 for a response with no valid token
+    return torch.where(mask.bool(), per_token_kl, torch.zeros_like(per_token_kl)).sum(-1) / mask.sum(-1)
+
+
+def _token_mean_batch(per_token_kl, mask):  # one number for the batch, not one per response
+    return torch.where(mask.bool(), per_token_kl, torch.zeros_like(per_token_kl)).sum() / mask.sum()
+
+
+def _gae_reader(rewards, values, mask, gamma, lam):
+    valid = mask.bool()
+    r = torch.where(valid, rewards, torch.zeros_like(rewards))
+    v = torch.where(valid, values, torch.zeros_like(values))
+    advantages, running = torch.zeros_like(r), torch.zeros_like(r[:, 0])
+    for t in reversed(range(r.shape[1])):
+        next_value = v[:, t + 1] if t + 1 < r.shape[1] else torch.zeros_like(running)
+        running = r[:, t] + gamma * next_value - v[:, t] + gamma * lam * running
+        advantages[:, t] = running
+    return torch.where(valid, advantages, torch.zeros_like(advantages))
+
+
+def _gae_no_mask(rewards, values, mask, gamma, lam):  # pads' rewards and values leak in; A masked at the end
+    return _gae_reader(rewards, values, torch.ones_like(mask), gamma, lam) * mask
+
+
+def _gae_forward(rewards, values, mask, gamma, lam):  # the recursion run forwards, A_t from A_{t-1}
+    return torch.flip(_gae_reader(torch.flip(rewards, [1]), torch.flip(values, [1]),
+                                  torch.flip(mask, [1]), gamma, lam), [1])
+
+
+
+def _gae_lam_only(rewards, values, mask, gamma, lam):
+    valid = mask.bool()
+    r = torch.where(valid, rewards, torch.zeros_like(rewards))
+    v = torch.where(valid, values, torch.zeros_like(values))
+    advantages, running = torch.zeros_like(r), torch.zeros_like(r[:, 0])
+    for t in reversed(range(r.shape[1])):
+        next_value = v[:, t + 1] if t + 1 < r.shape[1] else torch.zeros_like(running)
+        running = r[:, t] + gamma * next_value - v[:, t] + lam * running
+        advantages[:, t] = running
+    return torch.where(valid, advantages, torch.zeros_like(advantages))
+
+
+PACKAGE_789 = {"ziegler_update": exr._ziegler_update, "token_mean": exr._token_mean, "gae": exr._gae}
+READERS_789 = {"ziegler_update": _ziegler_reader, "token_mean": _token_mean_reader, "gae": _gae_reader}
+WRONG_789 = [
+    ("ziegler_update", _ziegler_unclipped, "wrong", 3, "got      0.33072"),
+    ("ziegler_update", _ziegler_ratio_inverted, "wrong", 1, "KL 10 % above target"),
+    ("ziegler_update", _ziegler_no_floor, "wrong", 6, "got      -0.08"),
+    ("ziegler_update", _ziegler_additive, "wrong", 1, "expected 0.2010"),
+    ("token_mean", _token_mean_no_mask, "wrong", 2, "at index 0"),
+    ("token_mean", _token_mean_over_t, "wrong", 2, "at index 0: expected 0.3, got 0.18"),
+    ("token_mean", _token_mean_unmasked_sum, "wrong", 2, "got      tensor([0.133333"),
+    ("token_mean", _token_mean_nan_when_empty, "wrong", 5, "got nan"),
+    ("token_mean", _token_mean_batch, "wrong", 1, "expected shape (2,), got shape ()"),
+    ("gae", _gae_no_mask, "wrong", 3, "right padding"),
+    ("gae", _gae_forward, "wrong", 1, "at index (0, 0)"),
+    ("gae", _gae_lam_only, "wrong", 4, "gamma = 0.9"),
+]
+PACKAGE.update(PACKAGE_789)
+READERS.update(READERS_789)
+# a new list, not extend: the parametrisation above holds the old one (and its ids)
+WRONG = WRONG + WRONG_789
+
+
+@pytest.mark.parametrize("name", sorted(PACKAGE_789))
+def test_sections_7_to_9_package_and_reader_are_correct(name):
+    test_the_package_s_own_implementation_is_correct(name)
+    test_a_reader_s_correct_implementation_is_accepted(name)
+
+
+@pytest.mark.parametrize(("name", "wrong", "status", "case", "phrase"), WRONG_789,
+                         ids=[f"{w[0]}-{w[1].__name__.lstrip('_')}" for w in WRONG_789])
+def test_sections_7_to_9_wrong_answers_are_rejected(name, wrong, status, case, phrase):
+    test_a_plausible_wrong_answer_is_rejected_on_the_case_that_exposes_it(name, wrong, status, case, phrase)
+
+
+def test_ziegler_update_matches_the_controller_over_a_run():
+    """The reader's rule, applied update after update, is the controller's history."""
+    from kltutorial.controllers import AdaptiveKLController
+
+    controller, beta = AdaptiveKLController(0.1, 6.0, 1_000.0), 0.1
+    for kl in (0.5, 3.0, 7.0, 12.0, 6.2, 5.1, 2.0):
+        beta = _ziegler_reader(beta, kl, 6.0, 64, 1_000.0)
+        assert beta == pytest.approx(controller.update(kl, 64), rel=1e-14)
