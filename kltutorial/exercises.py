@@ -16,13 +16,14 @@ run in order up to the first failure. Warnings raised inside the reader's functi
 checker judges values. :func:`verdict` returns the same result as a :class:`Verdict` for code (the
 notebooks' hidden assertions and ``tests/test_exercises.py``).
 
-=====================  ==================================================  =======
-checker                the package's implementation                        section
-=====================  ==================================================  =======
-``"kl_divergence"``    :func:`kltutorial.exact.categorical.kl_divergence`  2
-``"k3"``               :func:`kltutorial.estimators.k3`                    4
-``"shape_rewards"``    :func:`kltutorial.objective.shape_rewards`          5
-=====================  ==================================================  =======
+========================  ==================================================  =======
+checker                   the package's implementation                        section
+========================  ==================================================  =======
+``"kl_divergence"``       :func:`kltutorial.exact.categorical.kl_divergence`  2
+``"k3"``                  :func:`kltutorial.estimators.k3`                    4
+``"shape_rewards"``       :func:`kltutorial.objective.shape_rewards`          5
+``"exact_kl"``            :func:`kltutorial.exact_kl`                         12
+========================  ==================================================  =======
 
 A new checker is one function that returns its cases, registered with :func:`register_checker`
 under the exercise's name, the package function it compares against and the section; its test
@@ -44,6 +45,7 @@ import torch
 
 from .estimators import k3 as _k3
 from .exact.categorical import kl_divergence as _kl_divergence
+from .logprobs import exact_kl as _exact_kl
 from .objective import shape_rewards as _shape_rewards
 
 __all__ = ["Case", "Checker", "Verdict", "CHECKERS", "register_checker", "verdict", "check"]
@@ -369,4 +371,37 @@ def _shape_rewards_cases() -> list[Case]:
              batch([1.0, 0.0, -0.5], [[0.3, 0.1, 0.7, 0.2, 0.9], [0.2, 0.2, 0.2, 0.2, 0.2],
                                        [1.1, -0.4, 0.6, 0.05, 0.3]],
                    [[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [0, 0, 1, 1, 1]], 0.2), atol=1e-12),
+    ]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Section 12 (exact KL from logits)
+
+
+@register_checker("exact_kl", _exact_kl, "12-diagnostics")
+def _exact_kl_cases() -> list[Case]:
+    """``my_exact_kl(policy_logits, reference_logits)``: KL(softmax(z) || softmax(w)) summed over the last
+    (vocabulary) axis, one value per position; 0 log 0 = 0 for a token impossible under the policy
+    (logit -inf), inf where the policy can produce a token the reference cannot, finite at large logits."""
+    inf = float("inf")
+
+    def pair(z: list, w: list, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
+        return {"policy_logits": torch.tensor(z, dtype=dtype),
+                "reference_logits": torch.tensor(w, dtype=dtype)}
+
+    return [
+        Case("one position, logits of order one", pair([[0.0, 1.0, 2.0]], [[0.5, 0.5, 1.0]]), atol=1e-12),
+        Case("a (2, 3, 4) batch of positions",
+             pair([[[0.2, -1.0, 0.5, 1.5], [0.0, 0.0, 0.0, 0.0], [3.0, -2.0, 1.0, 0.0]],
+                   [[1.0, 1.0, -1.0, 0.0], [2.0, -0.5, 0.3, 0.1], [0.0, 0.0, 0.0, 0.0]]],
+                  [[[0.0, 0.5, 0.5, 1.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, -3.0]],
+                   [[-1.0, 2.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.4, -0.4, 2.0, 1.0]]]),
+             atol=1e-12),
+        Case("a token impossible under both models (logit -inf): it adds 0, not nan",
+             pair([[0.0, 1.0, -inf, 2.0]], [[0.5, 0.5, -inf, 1.0]]), atol=1e-12),
+        Case("the policy can produce a token the reference cannot: the KL is inf",
+             pair([[0.0, 1.0, 0.5, 2.0]], [[0.5, 0.5, -inf, 1.0]]), atol=1e-12),
+        Case("large logits, float32: softmax underflows to exactly 0",
+             pair([[1000.0, 0.0, -1000.0], [50.0, -50.0, 0.0]], [[0.0, 1000.0, -1000.0], [0.0, 0.0, 0.0]],
+                  torch.float32), rtol=1e-5),
     ]

@@ -119,8 +119,10 @@ WRONG = [
 
 def test_every_checker_is_tested_here():
     assert set(CHECKERS) == set(PACKAGE) == set(READERS)
+    # WRONG, and the lists _WRONG_... of the blocks that sections append at the end of this file
+    wrong = [w for key, value in globals().items() if key.startswith("_WRONG") for w in value] + WRONG
     for name in CHECKERS:
-        assert sum(w[0] == name for w in WRONG) >= 2, f"{name}: test at least two wrong answers"
+        assert sum(w[0] == name for w in wrong) >= 2, f"{name}: test at least two wrong answers"
 
 
 @pytest.mark.parametrize("name", sorted(PACKAGE))
@@ -234,3 +236,60 @@ BAD = [
 def test_bad_arguments_raise_a_clear_error(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+# --- Section 12: exact_kl (a self-contained block) ---------------------------------------------------
+
+
+def _exact_kl_reader(z, w):
+    log_p, log_q = z.log_softmax(-1), w.log_softmax(-1)
+    p = log_p.exp()
+    return torch.where(p > 0, p * (log_p - log_q), torch.zeros_like(p)).sum(-1)
+
+
+def _exact_kl_kl_div(z, w):  # the usual F.kl_div recipe: 0 * (-inf - -inf) is nan
+    return torch.nn.functional.kl_div(w.log_softmax(-1), z.log_softmax(-1), log_target=True,
+                                      reduction="none").sum(-1)
+
+
+def _exact_kl_log_of_softmax(z, w):  # guarded against p = 0, but log(softmax) underflows to -inf
+    p, q = z.softmax(-1), w.softmax(-1)
+    return torch.where(p > 0, p * (p.log() - q.log()), torch.zeros_like(p)).sum(-1)
+
+
+def _exact_kl_swapped(z, w):  # KL(pi_ref || pi)
+    return _exact_kl_reader(w, z)
+
+
+def _exact_kl_not_summed(z, w):  # the terms, not their sum over the vocabulary
+    log_p, log_q = z.log_softmax(-1), w.log_softmax(-1)
+    return log_p.exp() * (log_p - log_q)
+
+
+_PACKAGE_12 = {"exact_kl": exr._exact_kl}
+_READERS_12 = {"exact_kl": _exact_kl_reader}
+_WRONG_12 = [
+    ("exact_kl", _exact_kl_kl_div, "wrong", 3, "got      tensor([nan], float64)"),
+    ("exact_kl", _exact_kl_log_of_softmax, "wrong", 5, "expected 1000, got inf"),
+    ("exact_kl", _exact_kl_swapped, "wrong", 1, "first difference at index 0"),
+    ("exact_kl", _exact_kl_not_summed, "wrong", 1, "expected shape (1,), got shape (1, 3)"),
+]
+PACKAGE.update(_PACKAGE_12)
+READERS.update(_READERS_12)
+
+
+@pytest.mark.parametrize("name", sorted(_PACKAGE_12))
+def test_sections_12_the_package_and_a_reader_are_correct(name):
+    test_the_package_s_own_implementation_is_correct(name)
+    test_a_reader_s_correct_implementation_is_accepted(name)
+
+
+@pytest.mark.parametrize(("name", "wrong", "status", "case", "phrase"), _WRONG_12,
+                         ids=[f"{w[0]}-{w[1].__name__.lstrip('_')}" for w in _WRONG_12])
+def test_sections_12_a_plausible_wrong_answer_is_rejected(name, wrong, status, case, phrase):
+    test_a_plausible_wrong_answer_is_rejected_on_the_case_that_exposes_it(name, wrong, status, case, phrase)
+
+
+@pytest.mark.parametrize("name", sorted(_PACKAGE_12))
+def test_sections_12_the_stub_is_not_implemented_yet(name):
+    test_the_stub_is_not_implemented_yet(name)
