@@ -22,6 +22,7 @@ checker                   the package's implementation                        se
 ``"kl_divergence"``       :func:`kltutorial.exact.categorical.kl_divergence`  2
 ``"k3"``                  :func:`kltutorial.estimators.k3`                    4
 ``"shape_rewards"``       :func:`kltutorial.objective.shape_rewards`          5
+``"trajectory_step"``     :func:`kltutorial.studies.dynamics.trajectory_step` 10
 ``"exact_kl"``            :func:`kltutorial.exact_kl`                         12
 ========================  ==================================================  =======
 
@@ -47,6 +48,7 @@ from .estimators import k3 as _k3
 from .exact.categorical import kl_divergence as _kl_divergence
 from .logprobs import exact_kl as _exact_kl
 from .objective import shape_rewards as _shape_rewards
+from .studies.dynamics import trajectory_step as _trajectory_step
 
 __all__ = ["Case", "Checker", "Verdict", "CHECKERS", "register_checker", "verdict", "check"]
 
@@ -375,7 +377,7 @@ def _shape_rewards_cases() -> list[Case]:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Section 12 (exact KL from logits)
+# Sections 10 and 12 (one step of model 1; exact KL from logits)
 
 
 @register_checker("exact_kl", _exact_kl, "12-diagnostics")
@@ -404,4 +406,20 @@ def _exact_kl_cases() -> list[Case]:
         Case("large logits, float32: softmax underflows to exactly 0",
              pair([[1000.0, 0.0, -1000.0], [50.0, -50.0, 0.0]], [[0.0, 1000.0, -1000.0], [0.0, 0.0, 0.0]],
                   torch.float32), rtol=1e-5),
+    ]
+
+
+@register_checker("trajectory_step", _trajectory_step, "10-training-dynamics")
+def _trajectory_step_cases() -> list[Case]:
+    """``my_step(kl, beta, eps, noise_scale)``: one step of section 10's model 1,
+    max(0, kl + 0.08 (18 / (1 + 8 beta) - kl) + noise_scale * eps), on numbers."""
+    def step(kl: float, beta: float, eps: float, sigma: float) -> dict[str, float]:
+        return {"kl": kl, "beta": beta, "eps": eps, "noise_scale": sigma}
+
+    return [
+        Case("the first step, from KL = 0, no noise, beta = 0.1", step(0.0, 0.1, 0.0, 0.08), atol=1e-12),
+        Case("above the equilibrium, beta = 0.3, a positive kick", step(8.0, 0.3, 1.5, 0.08), atol=1e-12),
+        Case("below it, beta = 0.01, a negative kick", step(12.0, 0.01, -0.7, 0.08), atol=1e-12),
+        Case("beta = 0: the equilibrium is 18 nats", step(3.0, 0.0, 0.2, 0.5), atol=1e-12),
+        Case("a kick that would take the KL below 0: the floor", step(0.1, 1.0, -5.0, 0.08), atol=1e-12),
     ]

@@ -238,7 +238,7 @@ def test_bad_arguments_raise_a_clear_error(call, exc, match):
         call()
 
 
-# --- Section 12: exact_kl (a self-contained block) ---------------------------------------------------
+# --- Sections 10 and 12: trajectory_step, exact_kl (a self-contained block) ---------------------------
 
 
 def _exact_kl_reader(z, w):
@@ -266,30 +266,49 @@ def _exact_kl_not_summed(z, w):  # the terms, not their sum over the vocabulary
     return log_p.exp() * (log_p - log_q)
 
 
-_PACKAGE_12 = {"exact_kl": exr._exact_kl}
-_READERS_12 = {"exact_kl": _exact_kl_reader}
-_WRONG_12 = [
+def _step_reader(kl, beta, eps, noise_scale):
+    return max(0.0, kl + 0.08 * (18 / (1 + 8 * beta) - kl) + noise_scale * eps)
+
+
+def _step_no_floor(kl, beta, eps, noise_scale):  # the KL may go negative
+    return kl + 0.08 * (18 / (1 + 8 * beta) - kl) + noise_scale * eps
+
+
+def _step_equilibrium(kl, beta, eps, noise_scale):  # 18 / (1 + beta): the 8 forgotten
+    return max(0.0, kl + 0.08 * (18 / (1 + beta) - kl) + noise_scale * eps)
+
+
+def _step_unscaled_noise(kl, beta, eps, noise_scale):  # the kick not scaled by sigma
+    return max(0.0, kl + 0.08 * (18 / (1 + 8 * beta) - kl) + eps)
+
+
+_PACKAGE_10_12 = {"exact_kl": exr._exact_kl, "trajectory_step": exr._trajectory_step}
+_READERS_10_12 = {"exact_kl": _exact_kl_reader, "trajectory_step": _step_reader}
+_WRONG_10_12 = [
     ("exact_kl", _exact_kl_kl_div, "wrong", 3, "got      tensor([nan], float64)"),
     ("exact_kl", _exact_kl_log_of_softmax, "wrong", 5, "expected 1000, got inf"),
     ("exact_kl", _exact_kl_swapped, "wrong", 1, "first difference at index 0"),
     ("exact_kl", _exact_kl_not_summed, "wrong", 1, "expected shape (1,), got shape (1, 3)"),
+    ("trajectory_step", _step_no_floor, "wrong", 5, "expected 0, got -0.148"),
+    ("trajectory_step", _step_equilibrium, "wrong", 1, "got 1.309090909"),
+    ("trajectory_step", _step_unscaled_noise, "wrong", 2, "to 10 digits"),
 ]
-PACKAGE.update(_PACKAGE_12)
-READERS.update(_READERS_12)
+PACKAGE.update(_PACKAGE_10_12)
+READERS.update(_READERS_10_12)
 
 
-@pytest.mark.parametrize("name", sorted(_PACKAGE_12))
-def test_sections_12_the_package_and_a_reader_are_correct(name):
+@pytest.mark.parametrize("name", sorted(_PACKAGE_10_12))
+def test_sections_10_12_the_package_and_a_reader_are_correct(name):
     test_the_package_s_own_implementation_is_correct(name)
     test_a_reader_s_correct_implementation_is_accepted(name)
 
 
-@pytest.mark.parametrize(("name", "wrong", "status", "case", "phrase"), _WRONG_12,
-                         ids=[f"{w[0]}-{w[1].__name__.lstrip('_')}" for w in _WRONG_12])
-def test_sections_12_a_plausible_wrong_answer_is_rejected(name, wrong, status, case, phrase):
+@pytest.mark.parametrize(("name", "wrong", "status", "case", "phrase"), _WRONG_10_12,
+                         ids=[f"{w[0]}-{w[1].__name__.lstrip('_')}" for w in _WRONG_10_12])
+def test_sections_10_12_a_plausible_wrong_answer_is_rejected(name, wrong, status, case, phrase):
     test_a_plausible_wrong_answer_is_rejected_on_the_case_that_exposes_it(name, wrong, status, case, phrase)
 
 
-@pytest.mark.parametrize("name", sorted(_PACKAGE_12))
-def test_sections_12_the_stub_is_not_implemented_yet(name):
+@pytest.mark.parametrize("name", sorted(_PACKAGE_10_12))
+def test_sections_10_12_the_stub_is_not_implemented_yet(name):
     test_the_stub_is_not_implemented_yet(name)
