@@ -23,6 +23,7 @@ checker                   the package's implementation                        se
 ``"k3"``                  :func:`kltutorial.estimators.k3`                    4
 ``"shape_rewards"``       :func:`kltutorial.objective.shape_rewards`          5
 ``"trajectory_step"``     :func:`kltutorial.studies.dynamics.trajectory_step` 10
+``"best_of_n_kl_bound"``  :func:`kltutorial.exact.best_of_n_kl_bound`         11
 ``"exact_kl"``            :func:`kltutorial.exact_kl`                         12
 ========================  ==================================================  =======
 
@@ -46,6 +47,7 @@ import torch
 
 from .estimators import k3 as _k3
 from .exact.categorical import kl_divergence as _kl_divergence
+from .exact.optimum import best_of_n_kl_bound as _best_of_n_kl_bound
 from .logprobs import exact_kl as _exact_kl
 from .objective import shape_rewards as _shape_rewards
 from .studies.dynamics import trajectory_step as _trajectory_step
@@ -377,7 +379,7 @@ def _shape_rewards_cases() -> list[Case]:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Sections 10 and 12 (one step of model 1; exact KL from logits)
+# Sections 10, 11 and 12 (one step of model 1; best-of-n's KL bound; exact KL from logits)
 
 
 @register_checker("exact_kl", _exact_kl, "12-diagnostics")
@@ -407,6 +409,12 @@ def _exact_kl_cases() -> list[Case]:
              pair([[1000.0, 0.0, -1000.0], [50.0, -50.0, 0.0]], [[0.0, 1000.0, -1000.0], [0.0, 0.0, 0.0]],
                   torch.float32), rtol=1e-5),
     ]
+
+
+@register_checker("best_of_n_kl_bound", _best_of_n_kl_bound, "11-real-experiment")
+def _best_of_n_kl_bound_cases() -> list[Case]:
+    """``my_bound(n)``: log n - (n - 1)/n nats, for an int n >= 1."""
+    return [Case(f"n = {n}", {"n": n}, rtol=1e-12, atol=1e-15) for n in (1, 2, 4, 16, 1000, 10**9)]
 
 
 @register_checker("trajectory_step", _trajectory_step, "10-training-dynamics")

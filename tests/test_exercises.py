@@ -238,7 +238,7 @@ def test_bad_arguments_raise_a_clear_error(call, exc, match):
         call()
 
 
-# --- Sections 10 and 12: trajectory_step, exact_kl (a self-contained block) ---------------------------
+# --- Sections 10, 11 and 12: trajectory_step, best_of_n_kl_bound, exact_kl (a self-contained block) -----
 
 
 def _exact_kl_reader(z, w):
@@ -266,6 +266,22 @@ def _exact_kl_not_summed(z, w):  # the terms, not their sum over the vocabulary
     return log_p.exp() * (log_p - log_q)
 
 
+def _bound_reader(n):
+    return float(np.log(n) - (n - 1) / n)
+
+
+def _bound_log_n(n):  # the first term only
+    return float(np.log(n))
+
+
+def _bound_no_division(n):  # log n - (n - 1)
+    return float(np.log(n) - (n - 1))
+
+
+def _bound_log2(n):  # bits, not nats
+    return float(np.log2(n) - (n - 1) / n)
+
+
 def _step_reader(kl, beta, eps, noise_scale):
     return max(0.0, kl + 0.08 * (18 / (1 + 8 * beta) - kl) + noise_scale * eps)
 
@@ -282,13 +298,18 @@ def _step_unscaled_noise(kl, beta, eps, noise_scale):  # the kick not scaled by 
     return max(0.0, kl + 0.08 * (18 / (1 + 8 * beta) - kl) + eps)
 
 
-_PACKAGE_10_12 = {"exact_kl": exr._exact_kl, "trajectory_step": exr._trajectory_step}
-_READERS_10_12 = {"exact_kl": _exact_kl_reader, "trajectory_step": _step_reader}
+_PACKAGE_10_12 = {"exact_kl": exr._exact_kl, "best_of_n_kl_bound": exr._best_of_n_kl_bound,
+                  "trajectory_step": exr._trajectory_step}
+_READERS_10_12 = {"exact_kl": _exact_kl_reader, "best_of_n_kl_bound": _bound_reader,
+                  "trajectory_step": _step_reader}
 _WRONG_10_12 = [
     ("exact_kl", _exact_kl_kl_div, "wrong", 3, "got      tensor([nan], float64)"),
     ("exact_kl", _exact_kl_log_of_softmax, "wrong", 5, "expected 1000, got inf"),
     ("exact_kl", _exact_kl_swapped, "wrong", 1, "first difference at index 0"),
     ("exact_kl", _exact_kl_not_summed, "wrong", 1, "expected shape (1,), got shape (1, 3)"),
+    ("best_of_n_kl_bound", _bound_log_n, "wrong", 2, "expected 0.1931471806, got 0.6931471806"),
+    ("best_of_n_kl_bound", _bound_no_division, "wrong", 2, "got -0.3068528194"),
+    ("best_of_n_kl_bound", _bound_log2, "wrong", 2, "got 0.5"),
     ("trajectory_step", _step_no_floor, "wrong", 5, "expected 0, got -0.148"),
     ("trajectory_step", _step_equilibrium, "wrong", 1, "got 1.309090909"),
     ("trajectory_step", _step_unscaled_noise, "wrong", 2, "to 10 digits"),
