@@ -16,19 +16,22 @@ run in order up to the first failure. Warnings raised inside the reader's functi
 checker judges values. :func:`verdict` returns the same result as a :class:`Verdict` for code (the
 notebooks' hidden assertions and ``tests/test_exercises.py``).
 
-=====================  =====================================================  =======
-checker                the package's implementation                           section
-=====================  =====================================================  =======
-``"kl_divergence"``    :func:`kltutorial.exact.categorical.kl_divergence`     2
-``"k3"``               :func:`kltutorial.estimators.k3`                       4
-``"shape_rewards"``    :func:`kltutorial.objective.shape_rewards`             5
-``"ziegler_update"``   :class:`kltutorial.controllers.AdaptiveKLController`   7
-``"token_mean"``       :func:`kltutorial.estimators.compute_token_kl`         8
-``"gae"``              :func:`kltutorial.exact.placement.gae_advantages`      9
-``"sequence_k1"``      :func:`kltutorial.monitoring.sequence_k1_k3`, k1       3
-``"token_mean_kl"``    :func:`.sum_to_token_mean` of the masked sum           6
-``"optimal_policy"``   :func:`kltutorial.exact.optimum.optimal_policy`        1
-=====================  =====================================================  =======
+========================  ====================================================  =======
+checker                   the package's implementation                          section
+========================  ====================================================  =======
+``"kl_divergence"``       :func:`kltutorial.exact.categorical.kl_divergence`    2
+``"k3"``                  :func:`kltutorial.estimators.k3`                      4
+``"shape_rewards"``       :func:`kltutorial.objective.shape_rewards`            5
+``"ziegler_update"``      :class:`kltutorial.controllers.AdaptiveKLController`  7
+``"token_mean"``          :func:`kltutorial.estimators.compute_token_kl`        8
+``"gae"``                 :func:`kltutorial.exact.placement.gae_advantages`     9
+``"sequence_k1"``         :func:`kltutorial.monitoring.sequence_k1_k3`, k1      3
+``"token_mean_kl"``       :func:`.sum_to_token_mean` of the masked sum          6
+``"optimal_policy"``      :func:`kltutorial.exact.optimum.optimal_policy`       1
+``"trajectory_step"``     :func:`kltutorial.studies.dynamics.trajectory_step`   10
+``"best_of_n_kl_bound"``  :func:`kltutorial.exact.best_of_n_kl_bound`           11
+``"exact_kl"``            :func:`kltutorial.exact_kl`                           12
+========================  ====================================================  =======
 
 A new checker is one function that returns its cases, registered with :func:`register_checker`
 under the exercise's name, the package function it compares against and the section; its test
@@ -50,8 +53,11 @@ import torch
 
 from .estimators import k3 as _k3
 from .exact.categorical import kl_divergence as _kl_divergence
+from .exact.optimum import best_of_n_kl_bound as _best_of_n_kl_bound
 from .exact.optimum import optimal_policy as _optimal_policy
+from .logprobs import exact_kl as _exact_kl
 from .objective import shape_rewards as _shape_rewards
+from .studies.dynamics import trajectory_step as _trajectory_step
 
 __all__ = ["Case", "Checker", "Verdict", "CHECKERS", "register_checker", "verdict", "check"]
 
@@ -573,4 +579,59 @@ def _gae_cases() -> list[Case]:
              batch([[0.1, -0.2, 0.3, 1.0], [0.7, 0.5, -0.5, 0.9]],
                    [[0.2, 0.3, 0.1, 0.4], [0.6, 0.8, 0.2, 0.3]],
                    [[1, 1, 1, 1], [1, 0, 0, 0]], 0.9, 0.8), atol=1e-12),
+    ]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sections 10, 11 and 12 (one step of model 1; best-of-n's KL bound; exact KL from logits)
+
+
+@register_checker("exact_kl", _exact_kl, "12-diagnostics")
+def _exact_kl_cases() -> list[Case]:
+    """``my_exact_kl(policy_logits, reference_logits)``: KL(softmax(z) || softmax(w)) summed over the last
+    (vocabulary) axis, one value per position; 0 log 0 = 0 for a token impossible under the policy
+    (logit -inf), inf where the policy can produce a token the reference cannot, finite at large logits."""
+    inf = float("inf")
+
+    def pair(z: list, w: list, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
+        return {"policy_logits": torch.tensor(z, dtype=dtype),
+                "reference_logits": torch.tensor(w, dtype=dtype)}
+
+    return [
+        Case("one position, logits of order one", pair([[0.0, 1.0, 2.0]], [[0.5, 0.5, 1.0]]), atol=1e-12),
+        Case("a (2, 3, 4) batch of positions",
+             pair([[[0.2, -1.0, 0.5, 1.5], [0.0, 0.0, 0.0, 0.0], [3.0, -2.0, 1.0, 0.0]],
+                   [[1.0, 1.0, -1.0, 0.0], [2.0, -0.5, 0.3, 0.1], [0.0, 0.0, 0.0, 0.0]]],
+                  [[[0.0, 0.5, 0.5, 1.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, -3.0]],
+                   [[-1.0, 2.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.4, -0.4, 2.0, 1.0]]]),
+             atol=1e-12),
+        Case("a token impossible under both models (logit -inf): it adds 0, not nan",
+             pair([[0.0, 1.0, -inf, 2.0]], [[0.5, 0.5, -inf, 1.0]]), atol=1e-12),
+        Case("the policy can produce a token the reference cannot: the KL is inf",
+             pair([[0.0, 1.0, 0.5, 2.0]], [[0.5, 0.5, -inf, 1.0]]), atol=1e-12),
+        Case("large logits, float32: softmax underflows to exactly 0",
+             pair([[1000.0, 0.0, -1000.0], [50.0, -50.0, 0.0]], [[0.0, 1000.0, -1000.0], [0.0, 0.0, 0.0]],
+                  torch.float32), rtol=1e-5),
+    ]
+
+
+@register_checker("best_of_n_kl_bound", _best_of_n_kl_bound, "11-real-experiment")
+def _best_of_n_kl_bound_cases() -> list[Case]:
+    """``my_bound(n)``: log n - (n - 1)/n nats, for an int n >= 1."""
+    return [Case(f"n = {n}", {"n": n}, rtol=1e-12, atol=1e-15) for n in (1, 2, 4, 16, 1000, 10**9)]
+
+
+@register_checker("trajectory_step", _trajectory_step, "10-training-dynamics")
+def _trajectory_step_cases() -> list[Case]:
+    """``my_step(kl, beta, eps, noise_scale)``: one step of section 10's model 1,
+    max(0, kl + 0.08 (18 / (1 + 8 beta) - kl) + noise_scale * eps), on numbers."""
+    def step(kl: float, beta: float, eps: float, sigma: float) -> dict[str, float]:
+        return {"kl": kl, "beta": beta, "eps": eps, "noise_scale": sigma}
+
+    return [
+        Case("the first step, from KL = 0, no noise, beta = 0.1", step(0.0, 0.1, 0.0, 0.08), atol=1e-12),
+        Case("above the equilibrium, beta = 0.3, a positive kick", step(8.0, 0.3, 1.5, 0.08), atol=1e-12),
+        Case("below it, beta = 0.01, a negative kick", step(12.0, 0.01, -0.7, 0.08), atol=1e-12),
+        Case("beta = 0: the equilibrium is 18 nats", step(3.0, 0.0, 0.2, 0.5), atol=1e-12),
+        Case("a kick that would take the KL below 0: the floor", step(0.1, 1.0, -5.0, 0.08), atol=1e-12),
     ]

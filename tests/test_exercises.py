@@ -119,8 +119,10 @@ WRONG = [
 
 def test_every_checker_is_tested_here():
     assert set(CHECKERS) == set(PACKAGE) == set(READERS)
+    # WRONG, and the lists _WRONG_... of the blocks that sections append at the end of this file
+    wrong = [w for key, value in globals().items() if key.startswith("_WRONG") for w in value] + WRONG
     for name in CHECKERS:
-        assert sum(w[0] == name for w in WRONG) >= 2, f"{name}: test at least two wrong answers"
+        assert sum(w[0] == name for w in wrong) >= 2, f"{name}: test at least two wrong answers"
 
 
 @pytest.mark.parametrize("name", sorted(PACKAGE))
@@ -471,3 +473,100 @@ def test_ziegler_update_matches_the_controller_over_a_run():
     for kl in (0.5, 3.0, 7.0, 12.0, 6.2, 5.1, 2.0):
         beta = _ziegler_reader(beta, kl, 6.0, 64, 1_000.0)
         assert beta == pytest.approx(controller.update(kl, 64), rel=1e-14)
+
+
+# --- Sections 10, 11 and 12: trajectory_step, best_of_n_kl_bound, exact_kl (a self-contained block) -----
+
+
+def _exact_kl_reader(z, w):
+    log_p, log_q = z.log_softmax(-1), w.log_softmax(-1)
+    p = log_p.exp()
+    return torch.where(p > 0, p * (log_p - log_q), torch.zeros_like(p)).sum(-1)
+
+
+def _exact_kl_kl_div(z, w):  # the usual F.kl_div recipe: 0 * (-inf - -inf) is nan
+    return torch.nn.functional.kl_div(w.log_softmax(-1), z.log_softmax(-1), log_target=True,
+                                      reduction="none").sum(-1)
+
+
+def _exact_kl_log_of_softmax(z, w):  # guarded against p = 0, but log(softmax) underflows to -inf
+    p, q = z.softmax(-1), w.softmax(-1)
+    return torch.where(p > 0, p * (p.log() - q.log()), torch.zeros_like(p)).sum(-1)
+
+
+def _exact_kl_swapped(z, w):  # KL(pi_ref || pi)
+    return _exact_kl_reader(w, z)
+
+
+def _exact_kl_not_summed(z, w):  # the terms, not their sum over the vocabulary
+    log_p, log_q = z.log_softmax(-1), w.log_softmax(-1)
+    return log_p.exp() * (log_p - log_q)
+
+
+def _bound_reader(n):
+    return float(np.log(n) - (n - 1) / n)
+
+
+def _bound_log_n(n):  # the first term only
+    return float(np.log(n))
+
+
+def _bound_no_division(n):  # log n - (n - 1)
+    return float(np.log(n) - (n - 1))
+
+
+def _bound_log2(n):  # bits, not nats
+    return float(np.log2(n) - (n - 1) / n)
+
+
+def _step_reader(kl, beta, eps, noise_scale):
+    return max(0.0, kl + 0.08 * (18 / (1 + 8 * beta) - kl) + noise_scale * eps)
+
+
+def _step_no_floor(kl, beta, eps, noise_scale):  # the KL may go negative
+    return kl + 0.08 * (18 / (1 + 8 * beta) - kl) + noise_scale * eps
+
+
+def _step_equilibrium(kl, beta, eps, noise_scale):  # 18 / (1 + beta): the 8 forgotten
+    return max(0.0, kl + 0.08 * (18 / (1 + beta) - kl) + noise_scale * eps)
+
+
+def _step_unscaled_noise(kl, beta, eps, noise_scale):  # the kick not scaled by sigma
+    return max(0.0, kl + 0.08 * (18 / (1 + 8 * beta) - kl) + eps)
+
+
+_PACKAGE_10_12 = {"exact_kl": exr._exact_kl, "best_of_n_kl_bound": exr._best_of_n_kl_bound,
+                  "trajectory_step": exr._trajectory_step}
+_READERS_10_12 = {"exact_kl": _exact_kl_reader, "best_of_n_kl_bound": _bound_reader,
+                  "trajectory_step": _step_reader}
+_WRONG_10_12 = [
+    ("exact_kl", _exact_kl_kl_div, "wrong", 3, "got      tensor([nan], float64)"),
+    ("exact_kl", _exact_kl_log_of_softmax, "wrong", 5, "expected 1000, got inf"),
+    ("exact_kl", _exact_kl_swapped, "wrong", 1, "first difference at index 0"),
+    ("exact_kl", _exact_kl_not_summed, "wrong", 1, "expected shape (1,), got shape (1, 3)"),
+    ("best_of_n_kl_bound", _bound_log_n, "wrong", 2, "expected 0.1931471806, got 0.6931471806"),
+    ("best_of_n_kl_bound", _bound_no_division, "wrong", 2, "got -0.3068528194"),
+    ("best_of_n_kl_bound", _bound_log2, "wrong", 2, "got 0.5"),
+    ("trajectory_step", _step_no_floor, "wrong", 5, "expected 0, got -0.148"),
+    ("trajectory_step", _step_equilibrium, "wrong", 1, "got 1.309090909"),
+    ("trajectory_step", _step_unscaled_noise, "wrong", 2, "to 10 digits"),
+]
+PACKAGE.update(_PACKAGE_10_12)
+READERS.update(_READERS_10_12)
+
+
+@pytest.mark.parametrize("name", sorted(_PACKAGE_10_12))
+def test_sections_10_12_the_package_and_a_reader_are_correct(name):
+    test_the_package_s_own_implementation_is_correct(name)
+    test_a_reader_s_correct_implementation_is_accepted(name)
+
+
+@pytest.mark.parametrize(("name", "wrong", "status", "case", "phrase"), _WRONG_10_12,
+                         ids=[f"{w[0]}-{w[1].__name__.lstrip('_')}" for w in _WRONG_10_12])
+def test_sections_10_12_a_plausible_wrong_answer_is_rejected(name, wrong, status, case, phrase):
+    test_a_plausible_wrong_answer_is_rejected_on_the_case_that_exposes_it(name, wrong, status, case, phrase)
+
+
+@pytest.mark.parametrize("name", sorted(_PACKAGE_10_12))
+def test_sections_10_12_the_stub_is_not_implemented_yet(name):
+    test_the_stub_is_not_implemented_yet(name)

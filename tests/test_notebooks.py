@@ -337,6 +337,8 @@ def _stdout(cell: nbformat.NotebookNode) -> str:
 def test_exercises_follow_the_section_rules(notebook: tuple[str, nbformat.NotebookNode]) -> None:
     name, nb = notebook
     exercises = _exercise_cells(nb)
+    # every section §1-§12 (NN-slug.ipynb) has them; a child page (09a, 11a) may
+    assert exercises or not re.match(r"\d\d-", name), f"{name}: a section ends with its exercises"
     if not exercises:
         return
     headings = [i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
