@@ -9,6 +9,9 @@ re-implement it. The package is three layers, and an import only ever points dow
 module                what it holds                                         sections
 ====================  ====================================================  ========
 ``logprobs``          log-probs of chosen tokens; exact per-position KL     8, 12
+                      (``logprobs.hidden``: both, and the entropy, from
+                      the last hidden states, tile by tile, and over a
+                      vocabulary split across processes)
 ``estimators``        registry of KL estimators; masking, reduction         4, 8, 9
 ``objective``         per-token reward shaping; the penalised objective     5, 8
 ``controllers``       fixed, proportional, doubling, exponential beta       7, 8
@@ -65,6 +68,7 @@ from .estimators import (
     register_estimator,
 )
 from .logprobs import exact_kl, get_logprobs_for_tokens
+from .logprobs.hidden import linear_exact_kl, linear_logprobs
 from .objective import compute_rlhf_objective, shape_rewards
 
 __all__ = [
@@ -82,6 +86,8 @@ __all__ = [
     "get_estimator",
     "get_logprobs_for_tokens",
     "kl_estimate",
+    "linear_exact_kl",
+    "linear_logprobs",
     "register_estimator",
     "shape_rewards",
 ]

@@ -95,12 +95,20 @@ from kltutorial.logprobs import (
     naive_exact_kl,
     naive_logprobs_for_tokens,
 )
+from kltutorial.logprobs.hidden import (
+    linear_exact_kl,
+    linear_logprobs,
+    naive_linear_exact_kl,
+    naive_linear_logprobs,
+    tile_shape,
+)
 from kltutorial.studies.bench_simulation import simulation_benchmark
 
 __all__ = [
     "MMAP_THRESHOLD",
     "LOGPROB_METHODS",
     "KL_METHODS",
+    "LINEAR_METHODS",
     "ALL_METHODS",
     "ALL_DTYPES",
     "BenchRow",
@@ -109,7 +117,11 @@ __all__ = [
     "run_case",
     "run_table",
     "chunk_sweep",
+    "linear_table",
+    "linear_vocab_sweep",
+    "linear_tile_sweep",
     "format_table",
+    "format_linear_table",
     "main",
 ]
 
@@ -121,8 +133,16 @@ LOGPROB_METHODS = ["amax", "naive", "trl_row_loop", "ours", "ours+scan"]
 #: The exact-KL methods.
 KL_METHODS = ["naive_kl", "ours_kl"]
 BACKWARD_METHODS = ["naive_fb", "ours_fb"]
-#: Every method a case may name: log-probs, exact KL, and forward + backward (``*_fb``).
-ALL_METHODS = LOGPROB_METHODS + KL_METHODS + BACKWARD_METHODS
+#: From the hidden states, shape (N, H, V): the unfused recipe (``lin_naive``: ``hidden @ weight.T``, then
+#: its log-softmax), the logits built and then chunked (``lin_chunked``: ``get_logprobs_for_tokens(hidden @
+#: weight.T)``) and ``linear_logprobs`` (``lin_tiled``); each forward, and forward + backward (``*_fb``,
+#: gradients of both ``hidden`` and ``weight``); and the exact KL, unfused and tiled (``lin_*_kl``).
+LINEAR_METHODS = ["lin_naive", "lin_chunked", "lin_tiled", "lin_naive_fb", "lin_chunked_fb", "lin_tiled_fb",
+                  "lin_naive_kl", "lin_tiled_kl"]
+#: Every method a case may name: log-probs, exact KL, forward + backward (``*_fb``), from hidden states.
+ALL_METHODS = LOGPROB_METHODS + KL_METHODS + BACKWARD_METHODS + LINEAR_METHODS
+#: The shape of the issue's targets for the hidden-state functions: N positions, H, V.
+LINEAR_SHAPE = (1024, 512, 32_000)
 #: The dtypes a case may use.
 ALL_DTYPES = ["float32", "bfloat16", "float16", "float64"]
 #: Bytes from which glibc maps a block (and unmaps it when freed) in the benchmark's children; setting it
@@ -196,21 +216,53 @@ def _method(name: str, chunk_size: int | None) -> Callable[[dict[str, torch.Tens
     if name == "ours_fb":
         fn = _fwd_bwd(lambda x, t: get_logprobs_for_tokens(x, t, chunk_size=chunk_size))
         return lambda d: fn(d["logits"], d["tokens"])
+    if name in LINEAR_METHODS:
+        return _linear_method(name, chunk_size)
     raise ValueError(f"method must be one of {ALL_METHODS}, got {name!r}")
 
 
+def _linear_method(name: str, chunk_size: int | tuple[int, int] | None
+                   ) -> Callable[[dict[str, torch.Tensor]], object]:
+    """The callable timed for a ``lin_*`` method: forward, or forward + backward returning both gradients."""
+    forward = {
+        "lin_naive": lambda h, w, y: naive_linear_logprobs(h, w, y),
+        "lin_chunked": lambda h, w, y: get_logprobs_for_tokens(h @ w.T, y),
+        "lin_tiled": lambda h, w, y: linear_logprobs(h, w, y, chunk_size=chunk_size),
+    }
+    base = name.removesuffix("_fb")
+    if name == "lin_naive_kl":
+        return lambda d: naive_linear_exact_kl(d["hidden"], d["weight"], d["ref_hidden"], d["ref_weight"])
+    if name == "lin_tiled_kl":
+        return lambda d: linear_exact_kl(d["hidden"], d["weight"], d["ref_hidden"], d["ref_weight"],
+                                         chunk_size=chunk_size)
+    if name == base:
+        return lambda d: forward[base](d["hidden"], d["weight"], d["tokens"])
+
+    def fwd_bwd(d: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        h, w = d["hidden"].detach().requires_grad_(), d["weight"].detach().requires_grad_()
+        forward[base](h, w, d["tokens"]).sum().backward()
+        return h.grad, w.grad
+
+    return fwd_bwd
+
+
 def _check_case(
-    method: str, shape: Sequence[int], dtype: str, repeats: int, chunk_size: int | None
+    method: str, shape: Sequence[int], dtype: str, repeats: int, chunk_size: int | Sequence[int] | None
 ) -> tuple[int, int, int]:
-    """Check one benchmark case; return the shape as (B, T, V)."""
+    """Check one benchmark case; return the shape as (B, T, V), or (N, H, V) for a ``lin_*`` method."""
     check_choice(method, "method", ALL_METHODS)
     check_choice(dtype, "dtype", ALL_DTYPES)
+    linear = method in LINEAR_METHODS
     if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence) or len(shape) != 3:
-        raise ValueError(f"shape: expected three sizes (B, T, V), got {shape!r}")
+        sizes = "(N, H, V)" if linear else "(B, T, V)"
+        raise ValueError(f"shape: expected three sizes {sizes}, got {shape!r}")
     B, T, V = (check_positive_int(n, f"shape[{i}]") for i, n in enumerate(shape))
     check_positive_int(repeats, "repeats")
     if chunk_size is not None:
-        check_positive_int(chunk_size, "chunk_size")
+        if linear:
+            tile_shape(tuple(chunk_size) if isinstance(chunk_size, Sequence) else chunk_size)
+        else:
+            check_positive_int(chunk_size, "chunk_size")
     return B, T, V
 
 
@@ -235,6 +287,22 @@ def _make_inputs(
     }
     if with_reference:
         inputs["reference"] = _random_logits(shape, dtype, g)
+    return inputs
+
+
+def _make_linear_inputs(
+    shape: Sequence[int], dtype: torch.dtype, with_reference: bool, g: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """hidden (N, H) and weight (V, H) whose logits have a standard deviation of about 2, and tokens."""
+    N, H, V = shape
+    inputs = {
+        "hidden": torch.randn(N, H, generator=g).mul_(2.0 / math.sqrt(H)).to(dtype),
+        "weight": torch.randn(V, H, generator=g).to(dtype),
+        "tokens": torch.randint(0, V, (N,), generator=g),
+    }
+    if with_reference:
+        inputs["ref_hidden"] = torch.randn(N, H, generator=g).mul_(2.0 / math.sqrt(H)).to(dtype)
+        inputs["ref_weight"] = torch.randn(V, H, generator=g).to(dtype)
     return inputs
 
 
@@ -266,7 +334,7 @@ def measure(
     shape: Sequence[int],
     dtype: str,
     repeats: int = 5,
-    chunk_size: int | None = None,
+    chunk_size: int | tuple[int, int] | None = None,
     *,
     generator: torch.Generator,
 ) -> dict[str, float]:
@@ -285,38 +353,53 @@ def measure(
         ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"float64"``.
     repeats : int
         Timed calls.
-    chunk_size : int, optional
-        Rows per chunk for ``ours`` (default: the package's choice).
+    chunk_size : int or (int, int), optional
+        Rows per chunk for ``ours``, or the tile for ``lin_tiled`` (default: the package's choice).
     generator : torch.Generator
-        Source of the random logits and tokens.
+        Source of the random logits (or hidden states and weights) and tokens.
 
     Returns
     -------
     dict
         ``times`` (seconds, one per repeat), ``peak_bytes`` (peak RSS above the inputs),
-        ``input_bytes`` (size of one logits tensor).
+        ``input_bytes`` (size of one logits tensor: for a ``lin_*`` method, the (N, V) logits that
+        ``hidden @ weight.T`` makes) and, for a ``lin_*_fb`` method, ``grad_bytes``: the gradients of
+        ``hidden`` and ``weight`` that it returns (in the peak, but not extra memory).
     """
     shape = _check_case(method, shape, dtype, repeats, chunk_size)
     generator = check_generator(generator)
     torch_dtype = getattr(torch, dtype)
+    if isinstance(chunk_size, Sequence):
+        chunk_size = tuple(chunk_size)
     fn = _method(method, chunk_size)
-    kl = method in KL_METHODS
+    linear = method in LINEAR_METHODS
+    kl = method in KL_METHODS or method.endswith("_kl")
+    make = _make_linear_inputs if linear else _make_inputs
     # warm up kernels and thread pools on a tiny input (its memory is part of the baseline)
-    fn(_make_inputs((1, 4, min(shape[2], 4096)), torch_dtype, kl, generator))
-    inputs = _make_inputs(shape, torch_dtype, kl, generator)
+    fn(make((4, min(shape[1], 64), min(shape[2], 4096)) if linear else (1, 4, min(shape[2], 4096)),
+            torch_dtype, kl, generator))
+    inputs = make(shape, torch_dtype, kl, generator)
     _reset_peak_rss()
     before = _peak_rss_bytes()
     times = []
+    returned = 0
     for _ in range(repeats):
         start = time.perf_counter()
         out = fn(inputs)
         times.append(time.perf_counter() - start)
-        del out
-    return {
+        outs = out if isinstance(out, tuple) else (out,)
+        returned = sum(t.numel() * t.element_size() for t in outs)
+        del out, outs
+    element = torch.empty(0, dtype=torch_dtype).element_size()
+    result = {
         "times": times,
         "peak_bytes": _peak_rss_bytes() - before,
-        "input_bytes": inputs["logits"].numel() * inputs["logits"].element_size(),
+        # one logits tensor: (B, T, V) as given, or the (N, V) that hidden @ weight.T would make
+        "input_bytes": (shape[0] * shape[2] if linear else math.prod(shape)) * element,
     }
+    if linear and method.endswith("_fb"):
+        result["grad_bytes"] = returned  # the gradients of hidden and weight, which any method returns
+    return result
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -344,7 +427,7 @@ def run_case(
     dtype: str,
     repeats: int = 5,
     threads: int | None = 1,
-    chunk_size: int | None = None,
+    chunk_size: int | tuple[int, int] | None = None,
     timeout: float = 900.0,
 ) -> dict[str, float]:
     """Run :func:`measure` in a fresh Python process and return its result.
@@ -459,6 +542,113 @@ def chunk_sweep(
 
 
 # ----------------------------------------------------------------------------------------------------
+# From the hidden states
+
+
+def _linear_task(method: str) -> tuple[str, str]:
+    """(task, its baseline method) of a ``lin_*`` method."""
+    if method.endswith("_kl"):
+        return "exact KL", "lin_naive_kl"
+    if method.endswith("_fb"):
+        return "fwd+bwd", "lin_naive_fb"
+    return "log-probs", "lin_naive"
+
+
+def _linear_row(
+    method: str, shape: Sequence[int], dtype: str, r: dict[str, float], base_s: float
+) -> BenchRow:
+    extra = r["peak_bytes"] - r.get("grad_bytes", 0)  # the returned gradients are not extra memory
+    med = statistics.median(r["times"])
+    return BenchRow(task=_linear_task(method)[0], method=method, shape=tuple(shape), dtype=dtype,
+                    median_s=med, peak_mib=extra / 2**20, peak_frac=extra / r["input_bytes"],
+                    vs_naive=med / base_s if base_s else math.nan)
+
+
+def linear_table(
+    shape: Sequence[int] = LINEAR_SHAPE,
+    dtype: str = "float32",
+    methods: Sequence[str] = tuple(LINEAR_METHODS),
+    repeats: int = 5,
+    threads: int | None = 1,
+    chunk_size: int | tuple[int, int] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[BenchRow]:
+    """Time and extra memory of the ``lin_*`` methods at ``shape`` = (N, H, V), each in a fresh process.
+
+    ``peak_mib`` and ``peak_frac`` are the peak *above the inputs and the returned gradients* (of
+    ``hidden`` and ``weight``, which every method must return), in MiB and as a fraction of the (N, V)
+    logits; ``vs_naive`` is the time over the unfused method of the same task in the same run.
+    """
+    for method in methods:
+        if method not in LINEAR_METHODS:
+            raise ValueError(f"methods must be among {LINEAR_METHODS}, got {method!r}")
+        _check_case(method, shape, dtype, repeats, chunk_size)
+    raw = {}
+    for method in methods:
+        if progress is not None:
+            progress(f"{method} {tuple(shape)} {dtype}")
+        raw[method] = run_case(method, shape, dtype, repeats, threads, chunk_size)
+    med = {m: statistics.median(r["times"]) for m, r in raw.items()}
+    return [_linear_row(m, shape, dtype, r, med.get(_linear_task(m)[1], 0.0)) for m, r in raw.items()]
+
+
+def linear_vocab_sweep(
+    vocab_sizes: Sequence[int] = (32_000, 64_000, 128_000, 256_000),
+    n_positions: int = 1024,
+    hidden_size: int = 512,
+    methods: Sequence[str] = ("lin_naive_fb", "lin_chunked_fb", "lin_tiled_fb"),
+    repeats: int = 1,
+    threads: int | None = 1,
+    progress: Callable[[str], None] | None = None,
+) -> list[BenchRow]:
+    """Extra peak memory (and time) of forward + backward against V, for the unfused recipe, the logits
+    chunked, and the tiles from the hidden states; one fresh process per (method, V)."""
+    rows = []
+    for vocab in vocab_sizes:
+        rows.extend(linear_table((n_positions, hidden_size, vocab), "float32", methods, repeats, threads,
+                                 progress=progress))
+    return rows
+
+
+def linear_tile_sweep(
+    tiles: Sequence[tuple[int, int]] = ((64, 1024), (128, 1024), (256, 512), (256, 1024), (256, 2048),
+                                        (512, 1024), (512, 2048), (1024, 1024)),
+    shape: Sequence[int] = LINEAR_SHAPE,
+    method: str = "lin_tiled_fb",
+    repeats: int = 3,
+    threads: int | None = 1,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, float]]:
+    """Median time and extra peak of ``method`` for each (positions, vocabulary) tile, and of its unfused
+    baseline once, each in a fresh process."""
+    baseline = _linear_task(method)[1]
+    r = run_case(baseline, shape, "float32", repeats, threads)
+    base_s = statistics.median(r["times"])
+    out = []
+    for tile in tiles:
+        if progress is not None:
+            progress(f"{method} tile {tile}")
+        row = _linear_row(method, shape, "float32", run_case(method, shape, "float32", repeats, threads,
+                                                            tuple(tile)), base_s)
+        out.append({"rows": tile[0], "cols": tile[1], "tile_mib": tile[0] * tile[1] * 4 / 2**20,
+                    "median_s": row.median_s, "vs_naive": row.vs_naive, "peak_mib": row.peak_mib,
+                    "peak_frac": row.peak_frac})
+    return out
+
+
+def format_linear_table(rows: Sequence[BenchRow]) -> str:
+    """``lin_*`` rows as a fixed-width table: time, ratio to the unfused method, extra peak."""
+    head = f"{'task':<10}{'method':<16}{'N x H x V':<18}{'median s':>10}{'/unfused':>10}{'extra MiB':>11}" \
+           f"{'/logits':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        shape = "x".join(str(s) for s in r.shape)
+        lines.append(f"{r.task:<10}{r.method:<16}{shape:<18}{r.median_s:>10.3f}{r.vs_naive:>10.2f}"
+                     f"{r.peak_mib:>11.1f}{100 * r.peak_frac:>8.1f}%")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------
 # Command line
 
 
@@ -488,7 +678,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads in each child (default 1; see the module docstring)")
     parser.add_argument("--chunk-size", type=int, default=None, help="rows per chunk for ours")
-    parser.add_argument("--sweep", action="store_true", help="sweep the chunk size instead")
+    parser.add_argument("--sweep", action="store_true", help="sweep the chunk size (with --linear: the tile)")
+    parser.add_argument("--linear", action="store_true",
+                        help="the functions from hidden states: the table at N x H x V = 1024 x 512 x 32000 "
+                             "(--shapes NxHxV to change), and the peak against V from 32k to 256k")
+    parser.add_argument("--json", metavar="FILE", help="with --linear: also write the results as JSON")
     parser.add_argument("--no-sim", action="store_true", help="skip the simulation benchmark")
     parser.add_argument("--sim-only", action="store_true", help="only the simulation benchmark")
     parser.add_argument("--seed", type=int, default=0, help="seed of the simulation's disturbances")
@@ -504,6 +698,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     print(f"torch {torch.__version__}, threads per child: {args.threads}, "
           f"load average {os.getloadavg()[0]:.1f}, CHUNK_BYTES {CHUNK_BYTES}")
+    if args.linear:
+        _linear_main(args, say)
+        return
     if args.sweep:
         sizes = (4096,) if args.quick else (32_000, 128_256)
         for r in chunk_sweep(sizes, repeats=args.repeats, threads=args.threads,
@@ -526,6 +723,34 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"\nsimulation: {sim['n_betas']} beta x {sim['n_seeds']} seeds x {sim['n_steps']} steps: "
               f"vectorised {sim['vectorised_s']:.4f} s, scalar loop (baseline) {sim['loop_s']:.3f} s, "
               f"speed-up {sim['speedup']:.0f}x, max |difference| {sim['max_abs_diff']:.1e}")
+
+
+def _linear_main(args: argparse.Namespace, say: Callable[[str], None]) -> None:
+    """``--linear``: the table, the tile sweep (``--sweep``) or the peak against V, printed (and saved)."""
+    shape = args.shapes[0] if args.shapes else ((256, 128, 8_000) if args.quick else LINEAR_SHAPE)
+    results: dict[str, object] = {"torch": torch.__version__, "threads": args.threads,
+                                  "tile": list(tile_shape()), "shape": list(shape)}
+    if args.sweep:
+        sweep = linear_tile_sweep(shape=shape, repeats=args.repeats, threads=args.threads, progress=say)
+        for r in sweep:
+            print(f"tile {r['rows']:>5} x {r['cols']:>5} ({r['tile_mib']:5.2f} MiB)  "
+                  f"median {r['median_s']:.3f} s  /unfused {r['vs_naive']:.2f}  "
+                  f"extra {r['peak_mib']:6.1f} MiB ({100 * r['peak_frac']:.1f}%)")
+        results["tile_sweep"] = sweep
+    else:
+        rows = linear_table(shape, args.dtypes[0], LINEAR_METHODS, args.repeats, args.threads,
+                            progress=say)
+        print(format_linear_table(rows))
+        vocab = (8_000, 16_000, 32_000) if args.quick else (32_000, 64_000, 128_000, 256_000)
+        by_vocab = linear_vocab_sweep(vocab, shape[0], shape[1], threads=args.threads, progress=say)
+        print("\nextra peak memory of forward + backward against V (returned gradients not counted)")
+        print(format_linear_table(by_vocab))
+        results["table"] = [vars(r) | {"shape": list(r.shape)} for r in rows]
+        results["by_vocab"] = [vars(r) | {"shape": list(r.shape)} for r in by_vocab]
+    if args.json:
+        with open(args.json, "w", encoding="utf8") as f:
+            json.dump(results, f, indent=1)
+            f.write("\n")
 
 
 if __name__ == "__main__":
