@@ -402,3 +402,11 @@ BAD_INPUTS = [
 def test_bad_input_is_rejected_with_a_clear_message(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_split_vocabulary_checks_the_world_size_before_starting_processes():
+    h, w = torch.zeros(2, 3), torch.zeros(4, 3)
+    with pytest.raises(ValueError, match="world_size must be at most V = 4"):
+        dg.split_vocabulary(h, w, torch.zeros(2, dtype=torch.long), h, w, world_size=5)
+    with pytest.raises(ValueError, match="world_size"):
+        dg.split_vocabulary(h, w, torch.zeros(2, dtype=torch.long), h, w, world_size=0)

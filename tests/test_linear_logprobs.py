@@ -20,6 +20,7 @@ from kltutorial.logprobs.hidden import (
     naive_linear_logprobs,
     tile_shape,
 )
+from kltutorial.studies.diagnostics import split_vocabulary
 
 TILES = [None, 1, (1, 1), (5, 7), (8, 64), (64, 1000)]
 
@@ -276,42 +277,33 @@ def test_bad_settings_name_the_argument():
 # The vocabulary split over two gloo processes
 
 
-SPLIT = [40, 57]  # rank 0 holds ids 0-39, rank 1 ids 40-96
+SPLIT = [40, 57]  # rank 0 holds ids 0-39, rank 1 ids 40-96, in the bad-input cases
 
 
 def _rank_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    """Every bad-input case on two ranks; records each rank's message (None: nothing raised)."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    results: dict[str, object] = {}
+    errors: dict[str, str | None] = {}
     try:
         hidden, weight, tokens = inputs()
         ref_h, ref_w = ref_inputs()
         lo, hi = sum(SPLIT[:rank]), sum(SPLIT[: rank + 1])
-        for temperature in (1.0, 0.6):
-            h, w = leaf(hidden, weight[lo:hi])
-            logp, ent = linear_logprobs(h, w, tokens, temperature=temperature, return_entropy=True,
-                                        chunk_size=(4, 16), group=dist.group.WORLD, vocab_size=97)
-            kl = linear_exact_kl(h, w, ref_h, ref_w[lo:hi], temperature=temperature, chunk_size=(4, 16),
-                                 group=dist.group.WORLD)
-            gh, gw = grads([logp, ent, kl], [h, w])
-            results[temperature] = (logp, ent, kl, gh, gw)
-        errors = {}
+        group = dist.group.WORLD
         cases = {
-            "vocab_size": lambda: linear_logprobs(hidden, weight[lo:hi], tokens, group=dist.group.WORLD,
-                                                  vocab_size=100),
-            "token": lambda: linear_logprobs(hidden, weight[lo:hi], tokens.clone().fill_(97),
-                                             group=dist.group.WORLD),
-            "replicated": lambda: linear_logprobs(hidden + rank, weight[lo:hi], tokens,
-                                                  group=dist.group.WORLD),
+            "vocab_size": lambda: linear_logprobs(hidden, weight[lo:hi], tokens, group=group, vocab_size=100),
+            "token": lambda: linear_logprobs(hidden, weight[lo:hi], tokens.clone().fill_(97), group=group),
+            "replicated": lambda: linear_logprobs(hidden + rank, weight[lo:hi], tokens, group=group),
             "rank_error": lambda: linear_logprobs(hidden, weight[lo:hi, :-1] if rank == 1 else weight[lo:hi],
-                                                  tokens, group=dist.group.WORLD),
+                                                  tokens, group=group),
             "empty": lambda: linear_logprobs(hidden, weight[lo:hi] if rank == 0 else weight[:0], tokens,
-                                             group=dist.group.WORLD),
+                                             group=group),
             "ref_split": lambda: linear_exact_kl(hidden, weight[lo:hi], ref_h,
                                                  ref_w[lo:hi] if rank == 0 else ref_w[lo + 1:hi],
-                                                 group=dist.group.WORLD),
+                                                 group=group),
+            "works_after": lambda: linear_logprobs(hidden, weight[lo:hi], tokens, group=group),
         }
         for name, call in cases.items():
             try:
@@ -319,15 +311,14 @@ def _rank_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
                 errors[name] = None
             except ValueError as err:
                 errors[name] = str(err)
-        results["errors"] = errors
     finally:
         with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
-            pickle.dump(results, f)
+            pickle.dump(errors, f)
         dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+def two_ranks_errors(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     tmp = tmp_path_factory.mktemp("gloo")
     ctx = mp.start_processes(_rank_main, args=(2, str(tmp / "init"), str(tmp)), nprocs=2, join=False,
                              start_method="spawn")
@@ -336,23 +327,28 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return [pickle.loads((Path(tmp) / f"rank{r}.pkl").read_bytes()) for r in range(2)]
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_two_gloo_ranks_agree_with_one_process(two_ranks, temperature):
+def test_two_gloo_ranks_agree_with_one_process():
+    """Each rank holds half the vocabulary (ids 0-47 and 48-96, tiles smaller than a slice): log-probs,
+    entropy, KL and the hidden states' gradient equal one process's on every rank, and each rank's weight
+    gradient is its slice of one process's."""
     hidden, weight, tokens = inputs()
     ref_h, ref_w = ref_inputs()
+    ranks = split_vocabulary(hidden, weight, tokens, ref_h, ref_w, world_size=2, temperature=0.6,
+                             chunk_size=(4, 16))
     h, w = leaf(hidden, weight)
-    logp, ent = linear_logprobs(h, w, tokens, temperature=temperature, return_entropy=True)
-    kl = linear_exact_kl(h, w, ref_h, ref_w, temperature=temperature)
-    gh, gw = grads([logp, ent, kl], [h, w])
-    for rank, result in enumerate(two_ranks):
-        r_logp, r_ent, r_kl, r_gh, r_gw = result[temperature]
-        lo, hi = sum(SPLIT[:rank]), sum(SPLIT[: rank + 1])
-        assert max_err(r_logp, logp) < 1e-10 and max_err(r_ent, ent) < 1e-10 and max_err(r_kl, kl) < 1e-10
-        assert max_err(r_gh, gh) < 1e-10  # the whole hidden-state gradient on every rank
-        assert r_gw.shape == (hi - lo, 16) and max_err(r_gw, gw[lo:hi]) < 1e-10  # its own slice
+    logp, ent = linear_logprobs(h, w, tokens, temperature=0.6, return_entropy=True)
+    kl = linear_exact_kl(h, w, ref_h, ref_w, temperature=0.6)
+    (logp + ent + kl).sum().backward()
+    assert [r.vocab_slice for r in ranks] == [(0, 48), (48, 97)]
+    for r in ranks:
+        lo, hi = r.vocab_slice
+        assert max_err(r.logprobs, logp) < 1e-10 and max_err(r.entropy, ent) < 1e-10
+        assert max_err(r.kl, kl) < 1e-10
+        assert max_err(r.grad_hidden, h.grad) < 1e-10  # the whole hidden-state gradient on every rank
+        assert r.grad_weight.shape == (hi - lo, 16) and max_err(r.grad_weight, w.grad[lo:hi]) < 1e-10
 
 
-def test_two_gloo_ranks_reject_bad_input_together(two_ranks):
+def test_two_gloo_ranks_reject_bad_input_together(two_ranks_errors):
     """Every rank raises, with a message naming the argument (no rank is left waiting)."""
     expected = {
         "vocab_size": r"vocab_size is 100, but the slices of weight on the ranks of group hold V = 97",
@@ -364,8 +360,9 @@ def test_two_gloo_ranks_reject_bad_input_together(two_ranks):
     }
     import re
 
-    for rank, result in enumerate(two_ranks):
+    for rank, errors in enumerate(two_ranks_errors):
         for name, pattern in expected.items():
-            message = result["errors"][name]
+            message = errors[name]
             assert message is not None and re.search(pattern, message), (rank, name, message)
-    assert "rank 1 of group rejected its input" in two_ranks[0]["errors"]["rank_error"]
+        assert errors["works_after"] is None  # a rejected call leaves the group usable
+    assert "rank 1 of group rejected its input" in two_ranks_errors[0]["rank_error"]

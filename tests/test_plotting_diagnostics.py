@@ -136,3 +136,23 @@ def test_spike_log_single_panel_legend_above(house_style):
     ax.figure.canvas.draw()
     legend = ax.get_legend().get_window_extent(ax.figure.canvas.get_renderer())
     assert legend.y0 >= ax.bbox.y1 - 1e-6 and legend.y1 <= ax.figure.bbox.y1
+
+
+def test_memory_by_vocab_draws_one_line_per_method_and_the_logits():
+    vocab = [32_000, 64_000, 128_000]
+    extra = {"unfused": [250.0, 500.0, 1000.0], "tiles": [3.0, 3.0, 3.1]}
+    ax = pd.plot_memory_by_vocab(vocab, extra, [125.0, 250.0, 500.0])
+    lines = ax.get_lines()
+    assert [line.get_label() for line in lines] == ["one float32 logits tensor (N × V)", "unfused", "tiles"]
+    np.testing.assert_allclose(lines[2].get_ydata(), [3.0, 3.0, 3.1])
+    np.testing.assert_allclose(lines[0].get_xdata(), [32.0, 64.0, 128.0])  # thousands
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["32k", "64k", "128k"]
+    assert ax.figure.get_size_inches()[0] == FIG_WIDTH
+
+
+def test_memory_by_vocab_rejects_mismatched_series():
+    with pytest.raises(ValueError, match="extra_mib"):
+        pd.plot_memory_by_vocab([1, 2], {"a": [1.0]}, [1.0, 2.0])
+    with pytest.raises(ValueError, match="vocab"):
+        pd.plot_memory_by_vocab([1], {"a": [1.0]}, [1.0])

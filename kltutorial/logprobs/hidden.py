@@ -42,27 +42,45 @@ than the unfused forward + backward (the backward recomputes the logits): four i
 tensor parallelism splits the output embedding). Each rank holds a contiguous slice of the vocabulary,
 in rank order (rank 0 the first ids); the hidden states and the token ids (global ids) are the same on
 every rank. Each rank runs the tiles of its own slice, then one ``all_gather`` exchanges the
-per-position statistics, and every rank combines them in the same order into the full result. What
-each position costs in communication: the log-probs and entropy send 4 numbers per position from each
-rank (running maximum, sum, entropy sum, and the chosen logit where the rank owns the token, else 0),
-the KL 5 (both maxima and sums, and :math:`a`); Megatron's vocab-parallel cross-entropy makes three
-all-reduces of one number per position instead. In the backward each rank computes its own slice's
-weight gradient locally and one ``all_reduce`` sums the hidden states' gradient, H numbers per
-position: with H in the thousands that is the dominant cost, as in Megatron, where the same sum happens
-in the backward of the column-parallel output layer. Every rank must then receive the same upstream
-gradient (as when each rank computes the same loss from the replicated result). Before any of this, one
-small ``all_gather_object`` checks that the ranks agree (shapes, temperature, the same hidden states
-and tokens, shards that cover the vocabulary), so that a bad input fails on every rank at once with the
+per-position statistics, and every rank combines them in the same order into the full result.
+
+What each position costs in communication. Forward: every rank sends 4 numbers per position for the
+log-probs and entropy (its running maximum, sum and entropy sum, and the chosen logit where it owns the
+token, else 0), 5 for the KL (both models' maxima and sums, and :math:`a`), and receives those of the
+R - 1 others. Megatron's vocab-parallel cross-entropy makes three all-reduces of one number per
+position instead (MAX of the maxima, SUM of the chosen logits, SUM of the sums; its fused variant
+concatenates the last two), and so does Cut Cross-Entropy's vocab-parallel mode; verl's
+``linear_cross_entropy`` also makes three, the first over one maximum per position per vocabulary
+split. One gather is one round trip, but its volume grows with R (4 (R - 1) numbers received per
+position, against about 6 (R - 1) / R for three ring all-reduces), so at large R the all-reduces move
+less. Either way it is small beside the backward: each rank computes its own slice's weight gradient
+locally, and one ``all_reduce`` sums the hidden states' gradient, H numbers per position (Megatron and
+verl do the same sum, outside the loss, in the backward of the column-parallel output layer; Cut
+Cross-Entropy does it inside). Every rank must then receive the same upstream gradient (as when each
+rank computes the same loss from the replicated result). Before any of this, one small
+``all_gather_object`` checks that the ranks agree (shapes, temperature, the same hidden states and
+tokens, slices that cover the vocabulary), so that a bad input fails on every rank at once with the
 same message, never as a hang.
 
-**What the libraries do** (on GPUs, in Triton or CUDA): verl's ``linear_cross_entropy``
-(``verl/utils/kernel/``) returns log-probs and entropy from the hidden states and the ``lm_head`` weight
-in chunks; Liger Kernel's fused linear cross-entropy computes the logits a block of positions at a time
-and turns each block's gradient into gradients of the hidden states and the weight during the forward
-pass; Apple's Cut Cross-Entropy computes the chosen logit and the log-sum-exp tile by tile in on-chip
-memory and recomputes the tiles in the backward, as here. verl's ``vocab_parallel_log_probs_from_logits``
-and ``vocab_parallel_entropy`` and Megatron's vocab-parallel cross-entropy start from each rank's slice of
-the logits. The functions here are plain PyTorch on the CPU, written for reading and for exact tests.
+**What the libraries do** (on GPUs, in Triton, except where said). verl's ``linear_cross_entropy``
+(``verl/utils/kernel/linear_cross_entropy.py``, kernels in ``kernels.py``) takes the hidden states,
+the ``lm_head`` weight, the labels, a temperature and an optional tensor-parallel group, tiles positions
+x vocabulary with a running maximum, sum and :math:`\sum_v z_v e^{z_v}`, returns per-token log-probs
+and entropy, and recomputes the logits in the backward; verl's default fused path for FSDP is plain
+PyTorch that chunks positions only (``FusedLinearForPPO``). Liger Kernel's fused linear cross-entropy
+chunks positions only, builds each chunk's full-vocabulary logits, and computes the gradients of the
+hidden states and the weight during the forward pass (it returns the loss, per token with
+``reduction="none"``: the negative log-probs, no entropy, no temperature); its GRPO loss computes
+per-token log-probs from the hidden states in positions x vocabulary chunks with an online log-sum-exp,
+in PyTorch, and penalises the k3 estimate of the KL. Apple's Cut Cross-Entropy computes the chosen
+logit with an indexed dot product and the log-sum-exp block by block in on-chip memory, and its
+backward recomputes the blocks and skips those whose softmax entries are all below a threshold
+(``filter_eps``, by default the dtype's eps / 32). prime-rl's ``FusedOutputLinear`` chunks positions and
+vocabulary in PyTorch and returns log-probs and entropy, with a backward for the log-probs only. verl's
+``vocab_parallel_log_probs_from_logits`` and ``vocab_parallel_entropy`` and Megatron's vocab-parallel
+cross-entropy start from each rank's slice of the logits, and Megatron keeps the slice's softmax for the
+backward. The functions here are plain PyTorch on the CPU, written for reading and for exact tests; the
+entropy's backward is implemented, and nothing is skipped.
 
 Shapes: ``hidden`` (..., H), ``weight`` (V, H) (each rank's (V_r, H) slice with a ``group``), ``tokens``
 (...) with the leading shape of ``hidden``. float64 is computed in float64; float32, float16 and bfloat16
@@ -556,11 +574,11 @@ def linear_logprobs(
     Notes
     -----
     verl's ``linear_cross_entropy`` (``verl/utils/kernel/linear_cross_entropy.py``) takes the same inputs
-    (hidden states, the ``lm_head`` weight, the labels, a temperature) and returns log-probs and entropy
-    per token, in Triton on GPUs; Liger Kernel's ``LigerFusedLinearCrossEntropyLoss`` returns a loss (a
-    mean of negative log-probs), not per-token log-probs. Here half-precision inputs are computed in float32
-    one tile at a time, so bfloat16 inputs give float32 results more accurate than a bfloat16
-    ``log_softmax``.
+    (hidden states, the ``lm_head`` weight, the labels, a temperature, a tensor-parallel group) and
+    returns the same two per-token tensors, in Triton on GPUs; Liger Kernel's
+    ``LigerFusedLinearCrossEntropyLoss`` returns the negative log-probs (``reduction="none"``) without
+    the entropy or a temperature. Here half-precision inputs are computed in float32 one tile at a time,
+    so bfloat16 inputs give float32 results, more accurate than a bfloat16 ``log_softmax``.
 
     Examples
     --------

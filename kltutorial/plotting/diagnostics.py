@@ -4,7 +4,9 @@
 * :func:`plot_token_kl_heatmap`: per-token KL of sampled sequences, sequences by positions, each cell
   labelled with its token: the sampled k1 beside the exact KL of the next-token distributions;
 * :func:`plot_spike_log`: a logged KL series with the rolling median, the band a spike must leave and the
-  steps flagged by :func:`kltutorial.monitoring.detect_spikes`, above the k1 - k3 gap of every step.
+  steps flagged by :func:`kltutorial.monitoring.detect_spikes`, above the k1 - k3 gap of every step;
+* :func:`plot_memory_by_vocab`: the extra peak memory of computing log-probs (and their gradients)
+  against the vocabulary size, one line per method, beside the size of the logits themselves.
 
 They take result objects (``TokenKLTable``, ``SpikeReport``) and plain arrays, never a model or a sampler.
 Heat maps use ``cividis``, whose lightness rises monotonically, so they read in grayscale and for
@@ -19,9 +21,18 @@ from typing import Any
 import numpy as np
 from matplotlib.colors import Normalize
 
-from .style import PALETTE, REFERENCE_COLOR, ZONE_COLOR, fig_size, legend_below, new_axes_grid
+from .style import (
+    PALETTE,
+    REFERENCE_COLOR,
+    ZONE_COLOR,
+    fig_size,
+    legend_below,
+    new_axes,
+    new_axes_grid,
+    series_style,
+)
 
-__all__ = ["HEATMAP_CMAP", "plot_token_kl_heatmap", "plot_spike_log"]
+__all__ = ["HEATMAP_CMAP", "plot_token_kl_heatmap", "plot_spike_log", "plot_memory_by_vocab"]
 
 #: Perceptually uniform, monotonic in lightness, designed for colour-vision deficiencies.
 HEATMAP_CMAP = "cividis"
@@ -186,3 +197,47 @@ def plot_spike_log(
     if gap is not None:  # under the panel (after its x label, which it clears): the band may fill it
         gx.legend(ncol=2, **legend_below(gx))
     return flat
+
+
+def plot_memory_by_vocab(
+    vocab: Sequence[int] | np.ndarray,
+    extra_mib: dict[str, Sequence[float] | np.ndarray],
+    logits_mib: Sequence[float] | np.ndarray,
+    *,
+    ax: Any = None,
+) -> Any:
+    """Extra peak memory against the vocabulary size V, log-log, one line per method (§12).
+
+    Parameters
+    ----------
+    vocab : sequence of int, shape (K,)
+        The vocabulary sizes measured.
+    extra_mib : dict of str to sequence, each of shape (K,)
+        Label of each method -> its peak memory above the inputs and the gradients it returns, in MiB.
+    logits_mib : sequence, shape (K,)
+        The size of one float32 logits tensor at each V, drawn as a grey reference line.
+    ax : Axes, optional
+
+    Returns
+    -------
+    Axes
+    """
+    v = np.asarray(vocab, dtype=float)
+    if v.ndim != 1 or v.size < 2 or np.any(v <= 0):
+        raise ValueError(f"vocab must be at least two positive sizes, got {vocab!r}")
+    ax = new_axes(ax, figsize=fig_size(3.9))
+    ax.plot(v / 1000, np.asarray(logits_mib, dtype=float), color=REFERENCE_COLOR, linestyle="--",
+            linewidth=1.2, label="one float32 logits tensor (N × V)")
+    for i, (label, y) in enumerate(extra_mib.items()):
+        y = np.asarray(y, dtype=float)
+        if y.shape != v.shape:
+            raise ValueError(f"extra_mib[{label!r}] must have {v.size} values, one per V, got {y.shape}")
+        ax.plot(v / 1000, y, linewidth=1.6, markersize=6, label=label, **series_style(i))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(v / 1000, [f"{x / 1000:g}k" for x in v])
+    ax.minorticks_off()
+    ax.set_xlabel("vocabulary size V")
+    ax.set_ylabel("extra peak memory (MiB)")
+    ax.legend(**legend_below(ax))
+    return ax

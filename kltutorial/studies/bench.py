@@ -122,6 +122,9 @@ __all__ = [
     "linear_tile_sweep",
     "format_table",
     "format_linear_table",
+    "LinearRow",
+    "LinearResults",
+    "read_linear_results",
     "main",
 ]
 
@@ -554,42 +557,67 @@ def _linear_task(method: str) -> tuple[str, str]:
     return "log-probs", "lin_naive"
 
 
-def _linear_row(
-    method: str, shape: Sequence[int], dtype: str, r: dict[str, float], base_s: float
-) -> BenchRow:
-    extra = r["peak_bytes"] - r.get("grad_bytes", 0)  # the returned gradients are not extra memory
-    med = statistics.median(r["times"])
-    return BenchRow(task=_linear_task(method)[0], method=method, shape=tuple(shape), dtype=dtype,
-                    median_s=med, peak_mib=extra / 2**20, peak_frac=extra / r["input_bytes"],
-                    vs_naive=med / base_s if base_s else math.nan)
+@dataclass(frozen=True)
+class LinearRow:
+    """One line of the ``lin_*`` table.
+
+    ``median_s`` and ``min_s`` are over every timed call of every round; ``vs_unfused`` is the median,
+    over the rounds, of this method's fastest call over the unfused method's fastest call in the same
+    round (rounds interleave the methods, so a change in the machine's load between rounds cancels);
+    ``extra_mib`` / ``extra_frac``: the largest peak above the inputs and the returned gradients, in MiB
+    and as a fraction of the (N, V) logits.
+    """
+
+    task: str
+    method: str
+    shape: tuple[int, int, int]
+    dtype: str
+    median_s: float
+    min_s: float
+    vs_unfused: float
+    extra_mib: float
+    extra_frac: float
 
 
 def linear_table(
     shape: Sequence[int] = LINEAR_SHAPE,
     dtype: str = "float32",
     methods: Sequence[str] = tuple(LINEAR_METHODS),
-    repeats: int = 5,
+    repeats: int = 3,
     threads: int | None = 1,
     chunk_size: int | tuple[int, int] | None = None,
+    rounds: int = 3,
     progress: Callable[[str], None] | None = None,
-) -> list[BenchRow]:
-    """Time and extra memory of the ``lin_*`` methods at ``shape`` = (N, H, V), each in a fresh process.
+) -> list[LinearRow]:
+    """Time and extra memory of the ``lin_*`` methods at ``shape`` = (N, H, V), each case in a fresh process.
 
-    ``peak_mib`` and ``peak_frac`` are the peak *above the inputs and the returned gradients* (of
-    ``hidden`` and ``weight``, which every method must return), in MiB and as a fraction of the (N, V)
-    logits; ``vs_naive`` is the time over the unfused method of the same task in the same run.
+    Every round runs each method once (a fresh process, ``repeats`` timed calls), in order, so that the
+    methods share the machine's load; see :class:`LinearRow` for what each column means. The returned
+    gradients (of ``hidden`` and ``weight``, which every method must return) are not counted as extra.
     """
     for method in methods:
         if method not in LINEAR_METHODS:
             raise ValueError(f"methods must be among {LINEAR_METHODS}, got {method!r}")
         _check_case(method, shape, dtype, repeats, chunk_size)
-    raw = {}
-    for method in methods:
-        if progress is not None:
-            progress(f"{method} {tuple(shape)} {dtype}")
-        raw[method] = run_case(method, shape, dtype, repeats, threads, chunk_size)
-    med = {m: statistics.median(r["times"]) for m, r in raw.items()}
-    return [_linear_row(m, shape, dtype, r, med.get(_linear_task(m)[1], 0.0)) for m, r in raw.items()]
+    rounds = check_positive_int(rounds, "rounds")
+    raw: dict[str, list[dict[str, float]]] = {m: [] for m in methods}
+    for k in range(rounds):
+        for method in methods:
+            if progress is not None:
+                progress(f"{method} {tuple(shape)} {dtype} (round {k + 1} of {rounds})")
+            raw[method].append(run_case(method, shape, dtype, repeats, threads, chunk_size))
+    rows = []
+    for method, runs in raw.items():
+        base = _linear_task(method)[1]
+        ratios = [min(r["times"]) / min(b["times"]) for r, b in zip(runs, raw[base], strict=True)] \
+            if base in raw else [math.nan]
+        times = [t for r in runs for t in r["times"]]
+        extra = max(r["peak_bytes"] - r.get("grad_bytes", 0) for r in runs)
+        rows.append(LinearRow(task=_linear_task(method)[0], method=method, shape=tuple(shape), dtype=dtype,
+                              median_s=statistics.median(times), min_s=min(times),
+                              vs_unfused=statistics.median(ratios), extra_mib=extra / 2**20,
+                              extra_frac=extra / runs[0]["input_bytes"]))
+    return rows
 
 
 def linear_vocab_sweep(
@@ -600,52 +628,83 @@ def linear_vocab_sweep(
     repeats: int = 1,
     threads: int | None = 1,
     progress: Callable[[str], None] | None = None,
-) -> list[BenchRow]:
+) -> list[LinearRow]:
     """Extra peak memory (and time) of forward + backward against V, for the unfused recipe, the logits
-    chunked, and the tiles from the hidden states; one fresh process per (method, V)."""
+    chunked, and the tiles from the hidden states; one fresh process per (method, V), one round."""
     rows = []
     for vocab in vocab_sizes:
         rows.extend(linear_table((n_positions, hidden_size, vocab), "float32", methods, repeats, threads,
-                                 progress=progress))
+                                 rounds=1, progress=progress))
     return rows
 
 
 def linear_tile_sweep(
     tiles: Sequence[tuple[int, int]] = ((64, 1024), (128, 1024), (256, 512), (256, 1024), (256, 2048),
-                                        (512, 1024), (512, 2048), (1024, 1024)),
+                                        (512, 1024), (1024, 256), (1024, 1024)),
     shape: Sequence[int] = LINEAR_SHAPE,
     method: str = "lin_tiled_fb",
     repeats: int = 3,
     threads: int | None = 1,
     progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, float]]:
-    """Median time and extra peak of ``method`` for each (positions, vocabulary) tile, and of its unfused
-    baseline once, each in a fresh process."""
+    """Fastest time, ratio to the unfused method and extra peak of ``method`` for each (positions,
+    vocabulary) tile; the unfused method runs before each tile (fresh processes), for the ratio."""
     baseline = _linear_task(method)[1]
-    r = run_case(baseline, shape, "float32", repeats, threads)
-    base_s = statistics.median(r["times"])
     out = []
     for tile in tiles:
         if progress is not None:
-            progress(f"{method} tile {tile}")
-        row = _linear_row(method, shape, "float32", run_case(method, shape, "float32", repeats, threads,
-                                                            tuple(tile)), base_s)
+            progress(f"{method} tile {tuple(tile)}")
+        base = run_case(baseline, shape, "float32", repeats, threads)
+        r = run_case(method, shape, "float32", repeats, threads, tuple(tile))
+        extra = r["peak_bytes"] - r.get("grad_bytes", 0)
         out.append({"rows": tile[0], "cols": tile[1], "tile_mib": tile[0] * tile[1] * 4 / 2**20,
-                    "median_s": row.median_s, "vs_naive": row.vs_naive, "peak_mib": row.peak_mib,
-                    "peak_frac": row.peak_frac})
+                    "min_s": min(r["times"]), "vs_unfused": min(r["times"]) / min(base["times"]),
+                    "extra_mib": extra / 2**20, "extra_frac": extra / r["input_bytes"]})
     return out
 
 
-def format_linear_table(rows: Sequence[BenchRow]) -> str:
-    """``lin_*`` rows as a fixed-width table: time, ratio to the unfused method, extra peak."""
-    head = f"{'task':<10}{'method':<16}{'N x H x V':<18}{'median s':>10}{'/unfused':>10}{'extra MiB':>11}" \
-           f"{'/logits':>9}"
+def format_linear_table(rows: Sequence[LinearRow]) -> str:
+    """``lin_*`` rows as a fixed-width table (85 columns): times, ratio to the unfused method, extra peak."""
+    head = f"{'task':<10}{'method':<15}{'N x H x V':<16}{'median s':>9}{'min s':>8}{'/unfused':>9}" \
+           f"{'extra MiB':>10}{'/logits':>8}"
     lines = [head, "-" * len(head)]
     for r in rows:
         shape = "x".join(str(s) for s in r.shape)
-        lines.append(f"{r.task:<10}{r.method:<16}{shape:<18}{r.median_s:>10.3f}{r.vs_naive:>10.2f}"
-                     f"{r.peak_mib:>11.1f}{100 * r.peak_frac:>8.1f}%")
+        lines.append(f"{r.task:<10}{r.method:<15}{shape:<16}{r.median_s:>9.3f}{r.min_s:>8.3f}"
+                     f"{r.vs_unfused:>9.2f}{r.extra_mib:>10.1f}{100 * r.extra_frac:>7.1f}%")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class LinearResults:
+    """What ``python -m kltutorial.studies.bench --linear --json FILE`` stored (:func:`read_linear_results`).
+
+    Attributes
+    ----------
+    settings : dict
+        torch version, threads per process, default tile, shape (N, H, V), rounds, repeats, CPU, cores,
+        load average before the run and the date (UTC).
+    table : list of LinearRow
+        Every ``lin_*`` method at the shape.
+    by_vocab : list of LinearRow
+        Forward + backward of the three methods at each vocabulary size.
+    """
+
+    settings: dict
+    table: list[LinearRow]
+    by_vocab: list[LinearRow]
+
+
+def read_linear_results(path: str | os.PathLike) -> LinearResults:
+    """Read the JSON that ``--linear --json`` wrote."""
+    with open(path, encoding="utf8") as f:
+        data = json.load(f)
+
+    def rows(key: str) -> list[LinearRow]:
+        return [LinearRow(**{**r, "shape": tuple(r["shape"])}) for r in data[key]]
+
+    settings = {k: v for k, v in data.items() if k not in ("table", "by_vocab", "tile_sweep")}
+    return LinearResults(settings=settings, table=rows("table"), by_vocab=rows("by_vocab"))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -683,6 +742,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="the functions from hidden states: the table at N x H x V = 1024 x 512 x 32000 "
                              "(--shapes NxHxV to change), and the peak against V from 32k to 256k")
     parser.add_argument("--json", metavar="FILE", help="with --linear: also write the results as JSON")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="with --linear: rounds of the table, each running every method once")
     parser.add_argument("--no-sim", action="store_true", help="skip the simulation benchmark")
     parser.add_argument("--sim-only", action="store_true", help="only the simulation benchmark")
     parser.add_argument("--seed", type=int, default=0, help="seed of the simulation's disturbances")
@@ -725,21 +786,35 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"speed-up {sim['speedup']:.0f}x, max |difference| {sim['max_abs_diff']:.1e}")
 
 
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
 def _linear_main(args: argparse.Namespace, say: Callable[[str], None]) -> None:
     """``--linear``: the table, the tile sweep (``--sweep``) or the peak against V, printed (and saved)."""
     shape = args.shapes[0] if args.shapes else ((256, 128, 8_000) if args.quick else LINEAR_SHAPE)
-    results: dict[str, object] = {"torch": torch.__version__, "threads": args.threads,
-                                  "tile": list(tile_shape()), "shape": list(shape)}
+    results: dict[str, object] = {
+        "torch": torch.__version__, "threads": args.threads, "tile": list(tile_shape()), "shape": list(shape),
+        "rounds": args.rounds, "repeats": args.repeats, "cpu": _cpu_model(), "cores": os.cpu_count(),
+        "load_average": round(os.getloadavg()[0], 1), "date": time.strftime("%Y-%m-%d", time.gmtime()),
+    }
     if args.sweep:
         sweep = linear_tile_sweep(shape=shape, repeats=args.repeats, threads=args.threads, progress=say)
         for r in sweep:
             print(f"tile {r['rows']:>5} x {r['cols']:>5} ({r['tile_mib']:5.2f} MiB)  "
-                  f"median {r['median_s']:.3f} s  /unfused {r['vs_naive']:.2f}  "
-                  f"extra {r['peak_mib']:6.1f} MiB ({100 * r['peak_frac']:.1f}%)")
+                  f"min {r['min_s']:.3f} s  /unfused {r['vs_unfused']:.2f}  "
+                  f"extra {r['extra_mib']:6.1f} MiB ({100 * r['extra_frac']:.1f}%)")
         results["tile_sweep"] = sweep
     else:
         rows = linear_table(shape, args.dtypes[0], LINEAR_METHODS, args.repeats, args.threads,
-                            progress=say)
+                            rounds=args.rounds, progress=say)
         print(format_linear_table(rows))
         vocab = (8_000, 16_000, 32_000) if args.quick else (32_000, 64_000, 128_000, 256_000)
         by_vocab = linear_vocab_sweep(vocab, shape[0], shape[1], threads=args.threads, progress=say)

@@ -19,6 +19,10 @@ policy, and where the KL sits along a sequence (book section 12).
    the gap crosses a threshold in standard errors, beside the check of
    :func:`kltutorial.monitoring.exact_kl_check`; :func:`pushed_down_pair` builds a categorical pair
    that is close in KL but far in :math:`\chi^2`.
+5. **The vocabulary split over processes.** :func:`split_vocabulary` runs
+   :func:`kltutorial.logprobs.hidden.linear_logprobs` and :func:`~kltutorial.logprobs.hidden.linear_exact_kl`
+   on ``world_size`` gloo processes, each holding a contiguous slice of the output embedding, and returns
+   every rank's results and gradients, to compare with one process.
 
 Shapes: B batch (sequences), T positions, V vocabulary, P prefixes (rows of a next-token table),
 V**T sequences.
@@ -27,6 +31,9 @@ V**T sequences.
 from __future__ import annotations
 
 import math
+import os
+import pickle
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,6 +51,7 @@ from .._validation import (
 )
 from ..exact import SequenceSpace, sample_sequences, sequence_logprobs, token_logprobs
 from ..logprobs import exact_kl
+from ..logprobs.hidden import linear_exact_kl, linear_logprobs
 from ..monitoring import KLLogStats, sequence_k1_k3
 
 __all__ = [
@@ -59,6 +67,8 @@ __all__ = [
     "GapFalseAlarms",
     "gap_false_alarms",
     "pushed_down_pair",
+    "RankResult",
+    "split_vocabulary",
 ]
 
 
@@ -687,3 +697,126 @@ def pushed_down_pair(
     top = torch.topk(ref_logits, n_pushed).indices
     pi_logits[top] -= push
     return torch.log_softmax(pi_logits, -1)[None], torch.log_softmax(ref_logits, -1)[None]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The vocabulary split over processes
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """What one rank of :func:`split_vocabulary` computed (every field a float64 or float32 tensor).
+
+    Attributes
+    ----------
+    logprobs, entropy, kl : Tensor, shape (N,)
+        The full results, the same on every rank.
+    grad_hidden : Tensor, shape (N, H)
+        The gradient of ``sum(logprobs + entropy + kl)`` with respect to the hidden states.
+    grad_weight : Tensor, shape (V_r, H)
+        Its gradient with respect to this rank's slice of the output embedding.
+    vocab_slice : (int, int)
+        The ids ``[start, stop)`` this rank held.
+    """
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    kl: torch.Tensor
+    grad_hidden: torch.Tensor
+    grad_weight: torch.Tensor
+    vocab_slice: tuple[int, int]
+
+
+def _split_rank(rank: int, world: int, folder: str, inputs: dict, slices: list[int],
+                temperature: float, chunk_size: int | tuple[int, int] | None) -> None:
+    """One process of :func:`split_vocabulary` (the target of ``torch.multiprocessing``)."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(folder, 'rendezvous')}",
+                            rank=rank, world_size=world)
+    try:
+        lo, hi = slices[rank], slices[rank + 1]
+        hidden = inputs["hidden"].clone().requires_grad_()
+        weight = inputs["weight"][lo:hi].clone().requires_grad_()
+        logp, ent = linear_logprobs(hidden, weight, inputs["tokens"], temperature=temperature,
+                                    return_entropy=True, chunk_size=chunk_size,
+                                    group=dist.group.WORLD)
+        kl = linear_exact_kl(hidden, weight, inputs["ref_hidden"], inputs["ref_weight"][lo:hi],
+                             temperature=temperature, chunk_size=chunk_size, group=dist.group.WORLD)
+        (logp + ent + kl).sum().backward()
+        result = RankResult(logp.detach(), ent.detach(), kl.detach(), hidden.grad, weight.grad, (lo, hi))
+        with open(os.path.join(folder, f"rank{rank}.pkl"), "wb") as f:
+            pickle.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def split_vocabulary(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    tokens: torch.Tensor,
+    ref_hidden: torch.Tensor,
+    ref_weight: torch.Tensor,
+    *,
+    world_size: int = 2,
+    temperature: float = 1.0,
+    chunk_size: int | tuple[int, int] | None = None,
+    timeout: float = 300.0,
+) -> list[RankResult]:
+    """Log-probs, entropy and exact KL with the vocabulary split over ``world_size`` gloo processes.
+
+    Starts ``world_size`` fresh processes (``torch.multiprocessing``, spawn; a file rendezvous in a
+    temporary folder); rank r holds rows ``[r V / R, (r + 1) V / R)`` of ``weight`` and ``ref_weight``
+    (rounded down), the hidden states and tokens whole, and computes
+    ``linear_logprobs(..., return_entropy=True, group=WORLD)`` and ``linear_exact_kl(..., group=WORLD)``
+    and the gradients of the sum of all three.
+
+    Parameters
+    ----------
+    hidden : Tensor, shape (N, H)
+    weight : Tensor, shape (V, H)
+    tokens : Tensor, shape (N,), integer
+    ref_hidden : Tensor, shape (N, H_ref)
+    ref_weight : Tensor, shape (V, H_ref)
+    world_size : int
+        Processes, each with a non-empty slice (at most V).
+    temperature : float
+    chunk_size : int or (int, int), optional
+        The tile, as in :func:`~kltutorial.logprobs.hidden.linear_logprobs`.
+    timeout : float
+        Seconds to wait for the processes.
+
+    Returns
+    -------
+    list of RankResult
+        One per rank, in rank order.
+    """
+    import torch.multiprocessing as mp
+
+    world_size = check_positive_int(world_size, "world_size")
+    timeout = check_positive(timeout, "timeout")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError("weight must be a (V, H) tensor")
+    if world_size > weight.shape[0]:
+        raise ValueError(f"world_size must be at most V = {weight.shape[0]}, got {world_size}")
+    V = weight.shape[0]
+    slices = [r * V // world_size for r in range(world_size + 1)]
+    inputs = {"hidden": hidden.detach(), "weight": weight.detach(), "tokens": tokens,
+              "ref_hidden": ref_hidden.detach(), "ref_weight": ref_weight.detach()}
+    with tempfile.TemporaryDirectory() as folder:
+        args = (world_size, folder, inputs, slices, temperature, chunk_size)
+        ctx = mp.start_processes(_split_rank, args=args, nprocs=world_size, join=False,
+                                 start_method="spawn")
+        deadline = timeout
+        while not ctx.join(timeout=min(deadline, 5.0)):
+            deadline -= 5.0
+            if deadline <= 0:
+                for p in ctx.processes:
+                    p.kill()
+                raise TimeoutError(f"the {world_size} processes did not finish within {timeout} s")
+        results = []
+        for r in range(world_size):
+            with open(os.path.join(folder, f"rank{r}.pkl"), "rb") as f:
+                results.append(pickle.load(f))
+    return results
