@@ -124,18 +124,21 @@ def check_tensor_pair(a: object, a_name: str, b: object, b_name: str) -> tuple[t
     return a, b
 
 
-def check_token_ids(tokens: object, name: str, shape: torch.Size, vocab_size: int) -> torch.Tensor:
-    """Check integer token ids of the given shape, each in ``[0, vocab_size)``."""
+def check_token_ids(
+    tokens: object, name: str, shape: torch.Size, vocab_size: int | None,
+    shape_of: str = "the logits' leading dimensions",
+) -> torch.Tensor:
+    """Check integer token ids of the given shape (``shape_of`` says whose), each in ``[0, vocab_size)``
+    (not checked if ``vocab_size`` is None)."""
     if not isinstance(tokens, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(tokens).__name__}")
     if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
         raise TypeError(f"{name} must hold integer token ids (e.g. torch.long), got dtype {tokens.dtype}")
     if tokens.shape != shape:
         raise ValueError(
-            f"{name} must have shape {tuple(shape)} to match the logits' leading dimensions, "
-            f"got {tuple(tokens.shape)}"
+            f"{name} must have shape {tuple(shape)} to match {shape_of}, got {tuple(tokens.shape)}"
         )
-    if tokens.numel():
+    if tokens.numel() and vocab_size is not None:
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= vocab_size:
             raise ValueError(

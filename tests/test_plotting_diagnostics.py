@@ -156,3 +156,10 @@ def test_memory_by_vocab_rejects_mismatched_series():
         pd.plot_memory_by_vocab([1, 2], {"a": [1.0]}, [1.0, 2.0])
     with pytest.raises(ValueError, match="vocab"):
         pd.plot_memory_by_vocab([1], {"a": [1.0]}, [1.0])
+
+
+def test_memory_by_vocab_labels_the_memory_axis_in_plain_numbers():
+    ax = pd.plot_memory_by_vocab([32_000, 64_000], {"a": [3.0, 3000.0]}, [100.0, 200.0])
+    ax.figure.canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert "10" in labels and "1,000" in labels

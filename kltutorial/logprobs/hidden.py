@@ -96,7 +96,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from kltutorial._validation import check_positive, check_positive_int
+from kltutorial._validation import check_positive, check_positive_int, check_token_ids
 
 __all__ = [
     "TILE_ROWS",
@@ -181,15 +181,7 @@ def _check_matrix_pair(hidden: object, h_name: str, weight: object, w_name: str)
 
 
 def _check_tokens(tokens: object, lead: torch.Size, device: torch.device) -> torch.Tensor:
-    if not isinstance(tokens, torch.Tensor):
-        raise TypeError(f"tokens must be a torch.Tensor of token ids, got {type(tokens).__name__}")
-    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-        raise TypeError(f"tokens must hold integer token ids (e.g. torch.long), got dtype {tokens.dtype}")
-    if tokens.shape != lead:
-        raise ValueError(
-            f"tokens must have shape {tuple(lead)}, the leading dimensions of hidden, "
-            f"got {tuple(tokens.shape)}"
-        )
+    tokens = check_token_ids(tokens, "tokens", lead, None, "the leading dimensions of hidden")
     if tokens.device != device:
         raise ValueError(f"tokens must be on the device of hidden ({device}), got {tokens.device}")
     return tokens.reshape(-1).long()
@@ -378,6 +370,53 @@ def _exp(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return torch.mul(x, _LOG2_E, out=out).exp2_()
 
 
+class _Gradients:
+    """The gradients of ``hidden`` and ``weight`` that a backward pass fills, tile by tile.
+
+    The hidden states' gradient accumulates over the vocabulary slices in the compute dtype; each slice of
+    the weight's gradient is complete once its positions are done, and goes straight into the returned
+    tensor (through a float32 buffer for half precision).
+    """
+
+    def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, tiles: _Tiles, need_h: bool, need_w: bool):
+        dtype, device = tiles.dtype, hidden.device
+        self.hidden_dtype = hidden.dtype
+        self.h = torch.zeros(hidden.shape, dtype=dtype, device=device) if need_h else None
+        self.w = torch.empty(weight.shape, dtype=weight.dtype, device=device) if need_w else None
+        self._buf = (torch.empty(tiles.cols, weight.shape[1], dtype=dtype, device=device)
+                     if need_w and weight.dtype != dtype else None)
+        self._slice: tuple[int, int] = (0, 0)
+
+    def start(self, c0: int, c1: int) -> None:
+        """Begin the vocabulary slice ``[c0, c1)``."""
+        self._slice = (c0, c1)
+
+    def add(self, G: torch.Tensor, h: torch.Tensor, w: torch.Tensor, r0: int, r1: int) -> None:
+        """Add tile ``G`` (positions ``[r0, r1)`` of the current slice): ``G @ w`` and ``G.T @ h``."""
+        if self.h is not None:
+            self.h[r0:r1].addmm_(G, w)
+        if self.w is not None:
+            c0, c1 = self._slice
+            gw = self.w[c0:c1] if self._buf is None else self._buf[: c1 - c0]
+            if r0 == 0:
+                torch.mm(G.t(), h, out=gw)
+            else:
+                gw.addmm_(G.t(), h)
+
+    def end(self) -> None:
+        """Finish the current slice (copy a half-precision weight gradient out of its buffer)."""
+        if self._buf is not None and self.w is not None:
+            c0, c1 = self._slice
+            self.w[c0:c1].copy_(self._buf[: c1 - c0])
+
+    def result(self, shard: _Shard) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(gradient of hidden, summed over the ranks of a split vocabulary; gradient of weight)."""
+        if self.h is None:
+            return None, self.w
+        _all_reduce(self.h, shard)  # every rank's slice of the vocabulary contributes
+        return self.h.to(self.hidden_dtype), self.w
+
+
 def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Row-wise dot product of two (n, c) tensors, without an (n, c) temporary."""
     return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
@@ -481,14 +520,9 @@ class _LinearLogprobs(torch.autograd.Function):
         ga = g_logp.to(dtype) / temperature  # (N,)
         gb = g_ent.to(dtype) / temperature if entropy else None
         tiles = _Tiles(hidden, weight, rows, cols, dtype, 2)
-        grad_h = torch.zeros(hidden.shape, dtype=dtype, device=hidden.device) if need_h else None
-        grad_w = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device) if need_w else None
-        gw_buf = (torch.empty(tiles.cols, weight.shape[1], dtype=dtype, device=weight.device)
-                  if need_w and weight.dtype != dtype else None)
+        grads = _Gradients(hidden, weight, tiles, need_h, need_w)
         for c0, c1, w in tiles.cols_():
-            gw = None
-            if need_w:
-                gw = grad_w[c0:c1] if gw_buf is None else gw_buf[: c1 - c0]
+            grads.start(c0, c1)
             for r0, r1, h in tiles.rows_():
                 x = tiles.logits(0, h, w, temperature).sub_(lse[r0:r1, None])  # log p, (n, c)
                 p = _exp(x, out=tiles.buffer(1, r1 - r0, c1 - c0))
@@ -500,18 +534,9 @@ class _LinearLogprobs(torch.autograd.Function):
                     G = x.add_(ent[r0:r1, None]).mul_(b).add_(a).mul_(p).neg_()
                 hit, col = _in_tile(local[r0:r1], c0, c1)
                 G.index_put_((hit, col), ga[r0:r1][hit], accumulate=True)  # + g onehot(y)
-                if need_h:
-                    grad_h[r0:r1].addmm_(G, w)
-                if need_w:
-                    if r0 == 0:
-                        torch.mm(G.t(), h, out=gw)
-                    else:
-                        gw.addmm_(G.t(), h)
-            if gw_buf is not None:
-                grad_w[c0:c1].copy_(gw)
-        if need_h:
-            _all_reduce(grad_h, shard)  # every rank's slice of the vocabulary contributes
-            grad_h = grad_h.to(hidden.dtype)
+                grads.add(G, h, w, r0, r1)
+            grads.end()
+        grad_h, grad_w = grads.result(shard)
         return grad_h, grad_w, None, None, None, None, None, None
 
 
@@ -714,14 +739,9 @@ class _LinearExactKL(torch.autograd.Function):
         gs = g.to(dtype) / temperature
         pol = _Tiles(hidden, weight, rows, cols, dtype, 3)
         ref = _Tiles(ref_hidden, ref_weight, rows, cols, dtype, 0)
-        grad_h = torch.zeros(hidden.shape, dtype=dtype, device=hidden.device) if need_h else None
-        grad_w = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device) if need_w else None
-        gw_buf = (torch.empty(pol.cols, weight.shape[1], dtype=dtype, device=weight.device)
-                  if need_w and weight.dtype != dtype else None)
+        grads = _Gradients(hidden, weight, pol, need_h, need_w)
         for (c0, c1, w), (_, _, w_ref) in zip(pol.cols_(), ref.cols_(), strict=True):
-            gw = None
-            if need_w:
-                gw = grad_w[c0:c1] if gw_buf is None else gw_buf[: c1 - c0]
+            grads.start(c0, c1)
             for (r0, r1, h), (_, _, h_ref) in zip(pol.rows_(), ref.rows_(), strict=True):
                 n, c = r1 - r0, c1 - c0
                 x = pol.logits(0, h, w, temperature).sub_(lse_p[r0:r1, None])  # log p
@@ -731,19 +751,9 @@ class _LinearExactKL(torch.autograd.Function):
                 y.sub_(lse_q[r0:r1, None])  # log q
                 p = _exp(x, out=pol.buffer(2, n, c))
                 # g p (log p - log q - KL) / tau
-                G = y.neg_().add_(x).sub_(kl[r0:r1, None]).mul_(p).mul_(gs[r0:r1, None])
-                if need_h:
-                    grad_h[r0:r1].addmm_(G, w)
-                if need_w:
-                    if r0 == 0:
-                        torch.mm(G.t(), h, out=gw)
-                    else:
-                        gw.addmm_(G.t(), h)
-            if gw_buf is not None:
-                grad_w[c0:c1].copy_(gw)
-        if need_h:
-            _all_reduce(grad_h, shard)
-            grad_h = grad_h.to(hidden.dtype)
+                grads.add(y.neg_().add_(x).sub_(kl[r0:r1, None]).mul_(p).mul_(gs[r0:r1, None]), h, w, r0, r1)
+            grads.end()
+        grad_h, grad_w = grads.result(shard)
         return grad_h, grad_w, None, None, None, None, None, None
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.colors import Normalize
+from matplotlib.ticker import FuncFormatter
 
 from .style import (
     PALETTE,
@@ -235,6 +236,7 @@ def plot_memory_by_vocab(
         ax.plot(v / 1000, y, linewidth=1.6, markersize=6, label=label, **series_style(i))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:,.0f}" if y >= 1 else f"{y:g}"))
     ax.set_xticks(v / 1000, [f"{x / 1000:g}k" for x in v])
     ax.minorticks_off()
     ax.set_xlabel("vocabulary size V")
