@@ -76,6 +76,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -695,7 +696,7 @@ class LinearResults:
     by_vocab: list[LinearRow]
 
 
-def read_linear_results(path: str | os.PathLike) -> LinearResults:
+def read_linear_results(path: str | Path) -> LinearResults:
     """Read the JSON that ``--linear --json`` wrote."""
     with open(path, encoding="utf8") as f:
         data = json.load(f)
