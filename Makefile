@@ -3,7 +3,7 @@
 #   make book       execute the notebooks (cached) and write the HTML book to _build/html
 #   make test       lint, unit tests, nbval over every notebook (native and second kernel set),
 #                   strict book build, browser check, PDF
-#   make pdf        the whole book as one PDF, _build/pdf/book.pdf (after make test or book-verified)
+#   make pdf        the whole book as one PDF, _build/pdf/book.pdf (from make test's strict build)
 #   make notebooks  re-execute every notebook in place (refreshes the committed outputs)
 #   make lab        JupyterLab on book/ with the project's virtual environment
 #
@@ -136,13 +136,13 @@ book-verified: $(STAMP)
 html-check: $(STAMP) chromium
 	$(call pytest_strict,tests -m "book and not pdf")
 
-# The whole book as one PDF, from the doctrees of the strict build (run book-verified, or make test,
-# first), executing nothing: Sphinx's singlehtml builder writes the book as one page (-D as in
-# book-verified), and tools/book_pdf.py prints it in Debian's Chromium once MathJax has typeset it,
-# with the book's print style sheet (tools/static/kltutorial-print.css).
+# The whole book as one PDF, from the doctrees of the strict build (make test's; on a fresh checkout
+# book-verified runs first), executing nothing: Sphinx's singlehtml builder writes the book as one
+# page (-D as in book-verified), and tools/book_pdf.py prints it in Debian's Chromium once MathJax has
+# typeset it, with the book's print style sheet (tools/static/kltutorial-print.css).
 PDF_DIR := $(BUILD)/pdf
 pdf: $(STAMP) chromium
-	@test -d $(BUILD)/.doctrees || { echo "error: no doctrees: run make book-verified first" >&2; exit 1; }
+	test -d $(BUILD)/.doctrees || $(MAKE) --no-print-directory book-verified
 	rm -rf $(PDF_DIR)
 	$(BIN)/jupyter-book config sphinx . >/dev/null
 	PYTHONPATH=$(CURDIR)/tools$${PYTHONPATH:+:$$PYTHONPATH} $(BIN)/sphinx-build -b singlehtml -q \
@@ -155,7 +155,7 @@ pdf: $(STAMP) chromium
 # MyST or TeX, links inside it), after the PDF is built.
 pdf-check: $(STAMP)
 	$(MAKE) --no-print-directory pdf
-	$(call pytest_strict,tests -m pdf)
+	$(call pytest_strict,tests/test_book_pdf.py -m pdf)
 
 # The browser checks need Debian's Chromium (or $$CHROMIUM); a check that cannot start fails, it never
 # skips. Where the browser is missing it is installed from Debian as root; otherwise this stops and

@@ -1,7 +1,8 @@
 """The book's status page, generated when the book is written (a local Sphinx extension).
 
 ``book/status.md`` holds one directive, ``{kltutorial-status}``, which this extension replaces, when
-the page is written (``doctree-resolved``, so an incremental build never shows an old copy), with
+the page is written (``doctree-resolved``; the page is marked outdated on every build, so an
+incremental one, ``make book``, never shows an old copy), with
 
 * **Execution time of each chapter** in the last verified run: the times that nbval's passes of
   ``make test`` wrote (``tools/nbval_timing.py``: ``_build/status/nbval-native.json`` and
@@ -48,7 +49,28 @@ class StatusDirective(Directive):
     has_content = False
 
     def run(self) -> list[nodes.Node]:
+        env = self.state.document.settings.env
+        _status_docs(env).add(env.docname)
         return [status_placeholder()]
+
+
+def _status_docs(env: Any) -> set[str]:
+    if not hasattr(env, "kltutorial_status_docs"):
+        env.kltutorial_status_docs = set()
+    return env.kltutorial_status_docs
+
+
+def always_outdated(app: Sphinx, env: Any, added: set, changed: set, removed: set) -> list[str]:
+    """The status page is rewritten on every build, incremental ones (``make book``) included."""
+    return sorted(doc for doc in _status_docs(env) if doc in env.found_docs)
+
+
+def purge(app: Sphinx, env: Any, docname: str) -> None:
+    _status_docs(env).discard(docname)
+
+
+def merge(app: Sphinx, env: Any, docnames: set, other: Any) -> None:
+    _status_docs(env).update(_status_docs(other))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,4 +283,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("kltutorial-status", StatusDirective)
     app.add_node(status_placeholder)
     app.connect("doctree-resolved", fill_status)
+    app.connect("env-get-outdated", always_outdated)
+    app.connect("env-purge-doc", purge)
+    app.connect("env-merge-info", merge)
     return {"parallel_read_safe": True, "parallel_write_safe": True, "version": "1.0"}
