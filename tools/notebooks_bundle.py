@@ -57,7 +57,8 @@ python3.11 -m venv .venv && .venv/bin/pip install -r requirements.txt && .venv/b
 
 The first command downloads the packages once; after it, nothing needs the network. The second
 opens JupyterLab on the chapters: run a notebook top to bottom (Run > Run All Cells) to reproduce
-its numbers and figures; each runs in under a minute on a laptop's CPU.
+its numbers and figures. Each chapter is meant to run in under a minute on a CPU; the book's
+status page gives the times of its last verified run.
 """
 
 # A relative path in a notebook's Markdown or code: a link or image target, a {figure} argument.
