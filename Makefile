@@ -153,8 +153,7 @@ pdf: $(STAMP) chromium
 
 # The PDF, read back (tests/test_book_pdf.py: pages, chapter titles in order, figure captions, no raw
 # MyST or TeX, links inside it), after the PDF is built.
-pdf-check: $(STAMP)
-	$(MAKE) --no-print-directory pdf
+pdf-check: $(STAMP) pdf
 	$(call pytest_strict,tests/test_book_pdf.py -m pdf)
 
 # The browser checks need Debian's Chromium (or $$CHROMIUM); a check that cannot start fails, it never

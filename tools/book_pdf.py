@@ -55,7 +55,7 @@ async () => {
     }
   }
   // The interactive figure (plotly) draws after its script has loaded.
-  const plots = [...document.querySelectorAll('[id$="-plot"], .plotly-graph-div')];
+  const plots = [...document.querySelectorAll('.plotly-graph-div')];
   for (let i = 0; i < 100 && plots.some(p => !p.querySelector('.main-svg')); i++) {
     await new Promise(r => setTimeout(r, 100));
   }
