@@ -2,7 +2,8 @@
 #
 #   make book       execute the notebooks (cached) and write the HTML book to _build/html
 #   make test       lint, unit tests, nbval over every notebook (native and second kernel set),
-#                   strict book build, browser check
+#                   strict book build, browser check, PDF
+#   make pdf        the whole book as one PDF, _build/pdf/book.pdf (from make test's strict build)
 #   make notebooks  re-execute every notebook in place (refreshes the committed outputs)
 #   make lab        JupyterLab on book/ with the project's virtual environment
 #
@@ -34,10 +35,10 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export KLTUTORIAL_HTML_DIR := $(CURDIR)/$(HTML)
 
 .PHONY: help venv book test lint unit-tests nbval nbval-native nbval-second-kernels book-verified html-check \
-	chromium notebooks lab clean
+	chromium notebooks lab clean pdf pdf-check
 
 help:
-	@sed -n '3,7s/^# //p' Makefile
+	@sed -n '3,8s/^# //p' Makefile
 
 # ---------------------------------------------------------------------------
 # Environment: rebuilt only when requirements.txt or pyproject.toml change.
@@ -69,10 +70,14 @@ test: $(STAMP)
 	$(MAKE) --no-print-directory nbval
 	$(MAKE) --no-print-directory book-verified
 	$(MAKE) --no-print-directory html-check
+	$(MAKE) --no-print-directory pdf-check
 
+# Ruff over the package, the tests, the tools and the notebooks' code (pyproject.toml, book/ruff.toml).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# Unit tests and docstring examples of the package and the tools, and the stored notebooks' checks
+# (tests/test_notebooks.py); not the browser checks (-m "not book").
 unit-tests: $(STAMP)
 	$(call pytest_strict,$(XDIST) tests kltutorial tools/nbval_numeric.py --doctest-modules -m "not book")
 
@@ -86,9 +91,16 @@ XDIST = -n auto --maxprocesses 4
 # (memory addresses). It runs twice: on this machine's native kernels, and on a second set
 # (tools/second_kernels.py: torch's scalar ATen kernels, NumPy's baseline SIMD, MKL/oneDNN/
 # OpenBLAS on SSE), so that an output only the producing CPU reproduces fails here, not in CI.
+# Each pass that succeeds writes its notebooks' execution times to $(NBVAL_TIMES), for the book's
+# status page (tools/nbval_timing.py, tools/status_page.py).
+STATUS := $(BUILD)/status
+NBVAL_TIMES = $(STATUS)/nbval-native.json
 NBVAL_ARGS = $(XDIST) --dist loadfile --nbval --nbval-current-env --nbval-cell-timeout=180 \
-	--nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider $(NOTEBOOKS)
+	--nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider --nbval-times=$(NBVAL_TIMES) \
+	$(NOTEBOOKS)
 
+# nbval over every notebook twice, outputs compared numbers as numbers: on this machine's kernels,
+# then on the second kernel set.
 nbval: nbval-native nbval-second-kernels
 
 nbval-native: $(STAMP)
@@ -97,7 +109,8 @@ nbval-native: $(STAMP)
 
 nbval-second-kernels: $(STAMP)
 	@test -n "$(NOTEBOOKS)" || { echo "error: no notebooks in book/" >&2; exit 1; }
-	$(BIN)/python tools/second_kernels.py -- $(MAKE) --no-print-directory nbval-native
+	$(BIN)/python tools/second_kernels.py -- $(MAKE) --no-print-directory nbval-native \
+		NBVAL_TIMES=$(STATUS)/nbval-second-kernels.json
 
 # Render exactly the outputs nbval has just verified: the book's own config, as the conf.py
 # that `jupyter-book config sphinx` writes from _config.yml, with execution switched off on
@@ -116,10 +129,32 @@ book-verified: $(STAMP)
 
 # Read the built book as readers do, in headless Chromium, offline, at desktop and phone
 # width (tests/test_book_html.py: errors, requests, MathJax, wide content, images and
-# figures, links, the ☰ button, dark mode, search; screenshots in $(BUILD)/screenshots),
-# and open a MyST notebook in the venv's JupyterLab and run it (tests/test_jupyterlab.py).
+# figures, links, the ☰ button, the download menu, dark mode, search; screenshots in
+# $(BUILD)/screenshots), and open a MyST notebook in the venv's JupyterLab and run it
+# (tests/test_jupyterlab.py); the notebooks bundle, one chapter of it executed from the unpacked zip,
+# and the status page (tests/test_book_downloads.py). The PDF's checks run in pdf-check.
 html-check: $(STAMP) chromium
-	$(call pytest_strict,tests -m book)
+	$(call pytest_strict,tests -m "book and not pdf")
+
+# The whole book as one PDF, from the doctrees of the strict build (make test's; on a fresh checkout
+# book-verified runs first), executing nothing: Sphinx's singlehtml builder writes the book as one
+# page (-D as in book-verified), and tools/book_pdf.py prints it in Debian's Chromium once MathJax has
+# typeset it, with the book's print style sheet (tools/static/kltutorial-print.css).
+PDF_DIR := $(BUILD)/pdf
+pdf: $(STAMP) chromium
+	test -d $(BUILD)/.doctrees || $(MAKE) --no-print-directory book-verified
+	rm -rf $(PDF_DIR)
+	$(BIN)/jupyter-book config sphinx . >/dev/null
+	PYTHONPATH=$(CURDIR)/tools$${PYTHONPATH:+:$$PYTHONPATH} $(BIN)/sphinx-build -b singlehtml -q \
+		-d $(BUILD)/.doctrees -D nb_execution_mode=off -W -n --keep-going . $(PDF_DIR)/html \
+		|| { rc=$$?; rm -f conf.py; exit $$rc; }
+	rm -f conf.py
+	$(BIN)/python tools/book_pdf.py $(PDF_DIR)/html $(PDF_DIR)/book.pdf
+
+# The PDF, read back (tests/test_book_pdf.py: pages, chapter titles in order, figure captions, no raw
+# MyST or TeX, links inside it), after the PDF is built.
+pdf-check: $(STAMP) pdf
+	$(call pytest_strict,tests/test_book_pdf.py -m pdf)
 
 # The browser checks need Debian's Chromium (or $$CHROMIUM); a check that cannot start fails, it never
 # skips. Where the browser is missing it is installed from Debian as root; otherwise this stops and

@@ -23,6 +23,8 @@ deselects it. Every HTML page is opened at desktop width (1400 x 900) and at pho
   dropdown) behind a button that takes keyboard focus;
 * the visible ☰ button works: on a phone it opens the contents (the primary sidebar dialog),
   on a desktop it collapses the sidebar;
+* the download menu (desktop) opens on a click and offers the notebooks bundle, a link to
+  ``_downloads/kltutorial-notebooks.zip`` (tools/notebooks_bundle.py);
 * in dark mode (desktop; the reader's system asking for it, as the book follows it), every code
   block is dark, and no cell output carries a style sheet of its own;
 * a screenshot is saved under ``_build/screenshots/`` (next to the HTML folder): ``desktop/``,
@@ -155,6 +157,7 @@ class PageReport:
     math: dict = field(default_factory=dict)
     reader: dict = field(default_factory=dict)  # READER_PROBE: layout, scroll boxes, images, links, ids
     toggle: dict = field(default_factory=dict)
+    downloads: dict = field(default_factory=dict)
     dark: dict = field(default_factory=dict)
     screenshots: list[Path] = field(default_factory=list)
 
@@ -444,6 +447,8 @@ class Reader:
             self.screenshot(report, self.width, path)
             if self.width == "desktop":
                 report.dark = self.dark_mode(report, path)
+            if self.width == "desktop":
+                report.downloads = self.open_download_menu()
             report.toggle = self.try_primary_toggle()
             left = LATE_EVENTS_MS / 1000 - (time.monotonic() - probed_at)
             if left > 0:
@@ -485,6 +490,22 @@ class Reader:
         finally:
             page.emulate_media(color_scheme="light")
         return dark
+
+    def open_download_menu(self) -> dict:
+        """Open the page's download menu (the article header's button) and list the links it shows."""
+        page = self.page
+        button = page.locator(".dropdown-download-buttons > button").filter(visible=True)
+        result: dict = {"visible_buttons": button.count()}
+        if result["visible_buttons"] != 1:
+            return result
+        button.click()
+        result["opened"] = self._becomes(
+            "() => document.querySelector('.dropdown-download-buttons .dropdown-menu.show')")
+        result["links"] = page.evaluate(
+            "() => [...document.querySelectorAll('.dropdown-download-buttons .dropdown-menu a[href]')]"
+            f"  .filter(a => ({VISIBLE})(a)).map(a => ({{text: a.textContent.trim(), url: a.href}}))")
+        page.keyboard.press("Escape")
+        return result
 
     def try_primary_toggle(self) -> dict:
         """Click the visible ☰ and record what it did (then undo it).
@@ -741,6 +762,26 @@ def test_visible_menu_button_works(page: Path, width: str,
     else:
         assert toggle["shown_before"], f"{name} (desktop): the primary sidebar is not shown at first"
         assert toggle["collapsed"], f"{name} (desktop): ☰ did not collapse the primary sidebar"
+
+
+#: The notebooks bundle (tools/notebooks_bundle.py), which every page's download menu offers.
+BUNDLE_PATH = HTML_DIR / "_downloads" / "kltutorial-notebooks.zip"
+BOOK_PAGES = [p for p in PAGES if p.parent.name == "book"]  # the book's own pages, not the indices
+
+
+@pytest.mark.parametrize("page", BOOK_PAGES, ids=[_name(p) for p in BOOK_PAGES])
+def test_download_menu_offers_the_notebooks_bundle(page: Path,
+                                                   report_of: Callable[[Path], PageReport]) -> None:
+    """Opened by a click, the page's download menu shows the zip of every chapter (beside the page's
+    own source), and the link leads to the bundle in the build."""
+    name = _name(page)
+    menu = report_of(page).probed("downloads")
+    assert menu["visible_buttons"] == 1, f"{name}: {menu['visible_buttons']} visible download buttons"
+    assert menu.get("opened"), f"{name}: the download menu did not open on a click"
+    bundle = [link for link in menu["links"] if link["text"] == "notebooks (.zip)"]
+    assert len(bundle) == 1, f"{name}: the open menu shows {menu['links']}"
+    target = Path(unquote(urlsplit(bundle[0]["url"]).path))
+    assert target == BUNDLE_PATH and target.is_file(), f"{name}: the bundle link leads to {target}"
 
 
 DARK_BACKGROUND_MAX = 0.2  # relative luminance: pydata's dark surfaces are < 0.05, white is 1

@@ -21,7 +21,8 @@ Page fixes
 ``tools/static`` is added to the HTML static path, and ``kltutorial.js`` /
 ``kltutorial.css`` to every page: the sidebar buttons that the themes leave
 unbound, wide content that scrolls with a visible cue, figures that open at
-full size (see the script's header), and the book's own layout rules.
+full size (see the script's header), and the book's own layout rules; and
+``kltutorial-print.css`` for print only (the layout of ``make pdf``).
 
 Numbers written as ``{eval}``
 -----------------------------
@@ -39,6 +40,14 @@ sphinx-exercise gives the body of every exercise the id ``exercise-content`` and
 of every solution ``solution-content``, so a page with several has the same id
 several times. Each body's id is made its box's label plus ``-content``
 (``ex-k3-stable-content``), unique on the page.
+
+One page for the PDF
+--------------------
+``make pdf`` prints Sphinx's ``singlehtml`` build of the book (tools/book_pdf.py). Sphinx gives a
+builder the node handlers registered under its own name and falls back to those of its format
+(``html``) only when no extension registered any under its name; some do for ``singlehtml``, so
+myst-nb's folded-input node (registered for ``html`` only) would have no handler there. The
+``html`` handlers that ``singlehtml`` lacks are copied to it when that builder starts.
 """
 
 from __future__ import annotations
@@ -127,6 +136,15 @@ def unique_exercise_ids(app: Sphinx, doctree: nodes.document, docname: str) -> N
             section["ids"] = [f"{section.parent['ids'][0]}-content"]
 
 
+def singlehtml_handlers(app: Sphinx) -> None:
+    """Give the ``singlehtml`` builder every ``html`` node handler it lacks (see the module docstring)."""
+    if app.builder.name != "singlehtml":
+        return
+    handlers = app.registry.translation_handlers
+    for node, pair in handlers.get("html", {}).items():
+        handlers.setdefault("singlehtml", {}).setdefault(node, pair)
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.setup_extension("myst_nb")  # its own eval role first, so that ours replaces it
     app.add_role("eval", eval_role, override=True)
@@ -134,6 +152,8 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("doctree-resolved", unique_exercise_ids)
     app.connect("html-page-context", dedupe_scripts, priority=900)
     app.connect("builder-inited", add_static_path)
+    app.connect("builder-inited", singlehtml_handlers)
     app.add_js_file("kltutorial.js", loading_method="defer")
     app.add_css_file("kltutorial.css")
+    app.add_css_file("kltutorial-print.css", media="print")
     return {"parallel_read_safe": True, "parallel_write_safe": True, "version": "1.0"}
