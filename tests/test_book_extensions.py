@@ -1,7 +1,9 @@
 """The book's own Sphinx extensions, each on a tiny project built in a temporary folder.
 
 * ``tools/bib_backrefs.py``: every entry of the one bibliography links back to each place that
-  cites it, on other pages, and every such link lands on the citation;
+  cites it, on other pages, and every such link lands on the citation; the entries are list items;
+* ``tools/cite_preview.py``: every citation link is followed by the preview of its entry (authors,
+  title, venue, year);
 * ``tools/api_docs.py``: a reference to a re-exported name (``kltutorial.AdaptiveKLController``)
   or to a dataclass field links to where it is documented, a misspelt one still warns, a
   constant's doc comment is rendered as written.
@@ -103,6 +105,54 @@ def test_bibliography_entries_link_back_to_every_citation(tmp_path: Path) -> Non
             html = (out / page).read_text()
             assert anchor in _anchors(html), (page, anchor)
             assert re.search(rf'<span class="bibtex-citation" id="{anchor}"', html), (page, anchor)
+
+
+def test_each_citation_is_followed_by_its_reference(tmp_path: Path) -> None:
+    bib = BIB + """
+        @misc{gamma2022,
+          author = {Gamma, Gil and Delta, Dee and Epsilon, Eve and Zeta, Zed},
+          title = {Approximating {KL} Divergence},
+          howpublished = {Blog post},
+          year = {2022}
+        }
+        """
+    files = {
+        "refs.bib": bib,
+        "index.rst": """
+            Home
+            ====
+
+            One :cite:`alpha2020`, two :cite:`beta2021,gamma2022`, and again :cite:`alpha2020`.
+
+            .. toctree::
+
+               refs
+            """,
+        "refs.rst": """
+            References
+            ==========
+
+            .. bibliography::
+            """,
+    }
+    out, warnings = _build(tmp_path, files, """
+        extensions = ["sphinxcontrib.bibtex", "bib_backrefs", "cite_preview"]
+        bibtex_bibfiles = ["refs.bib"]
+        """)
+    assert "WARNING" not in warnings, warnings
+    home = (out / "index.html").read_text()
+    previews = re.findall(r'</a><span class="kl-cite-preview" data-key="([^"]+)" id="([^"]+)" '
+                          r'role="tooltip">(.*?)</span></span>', home)
+    assert [key for key, _, _ in previews] == ["alpha2020", "beta2021", "gamma2022", "alpha2020"]
+    assert len({id_ for _, id_, _ in previews}) == 4, previews
+    lines = {key: dict(re.findall(r'<span class="kl-cite-preview-(\w+)">([^<]*)', text))
+             for key, _, text in previews}
+    assert lines["alpha2020"] == {"authors": "Ann Alpha", "title": "First", "venue": "J", "year": "2020",
+                                  "more": "[Alp20] in the references"}
+    assert lines["gamma2022"] == {"authors": "Gil Gamma et al.", "title": "Approximating KL Divergence",
+                                  "venue": "Blog post", "year": "2022", "more": "[GDEZ22] in the references"}
+    refs = (out / "refs.html").read_text()
+    assert refs.count('role="listitem"') == 3 and "doc-biblioentry" not in refs, refs
 
 
 def test_api_references_resolve_to_where_the_object_is_documented(tmp_path: Path) -> None:

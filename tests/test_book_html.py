@@ -27,12 +27,17 @@ deselects it. Every HTML page is opened at desktop width (1400 x 900) and at pho
   ``_downloads/kltutorial-notebooks.zip`` (tools/notebooks_bundle.py);
 * in dark mode (desktop; the reader's system asking for it, as the book follows it), every code
   block is dark, and no cell output carries a style sheet of its own;
+* the numbers of the prose (``{eval}``) are set at the weight of the words around them, and every
+  citation link has its reference beside it (``tools/cite_preview.py``);
+* axe-core (bundled by axe-playwright-python, run in the page) finds no serious or critical
+  accessibility violation (see :data:`AXE_THEME_ALLOWED` for the theme's own, and
+  :func:`run_axe` for what each width checks);
 * a screenshot is saved under ``_build/screenshots/`` (next to the HTML folder): ``desktop/``,
   ``phone/`` (one JPEG per page, the whole page up to 12,000 px) and ``desktop-dark/`` (the top of
   each page).
 
-More tests open a figure, and a solution that holds code, by click and by keyboard (Enter), and
-search the book for "KL".
+More tests open a figure, and a solution that holds code, by click and by keyboard (Enter), show
+a citation's reference by keyboard focus, hover and tap, and search the book for "KL".
 
 One browser serves the whole session (pytest-playwright's ``browser``), with one offline context
 per viewport, kept for the session; each page is loaded once per viewport (storage cleared first,
@@ -69,6 +74,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from axe_playwright_python.base import AXE_SCRIPT
 from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Page, Request
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
@@ -159,6 +165,7 @@ class PageReport:
     toggle: dict = field(default_factory=dict)
     downloads: dict = field(default_factory=dict)
     dark: dict = field(default_factory=dict)
+    axe: dict = field(default_factory=dict)  # AXE_PROBE: axe-core's violations
     screenshots: list[Path] = field(default_factory=list)
 
     def probed(self, part: str) -> dict:
@@ -213,6 +220,9 @@ async () => {
 #   exercises:  each exercise's id and title; solutions: each solution's id, whether it is a dropdown,
 #               folded (its body not shown), has a focusable button, holds a code cell; the chapter
 #               number of the page's title.
+#   evals:      how many numbers of the prose ({eval}: span.kl-eval) there are, and those whose font
+#               weight differs from their parent's; strong: the weight of each **bold** of the prose.
+#   citations:  every citation link, with the preview that describes it (aria-describedby).
 READER_PROBE = r"""
 async (width) => {
   await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
@@ -327,8 +337,21 @@ async (width) => {
   });
   const number = document.querySelector('main h1 .section-number');
   const chapter = number ? number.textContent.replace(/[.\s]+$/, '').trim() : null;
+  const evals = [...main.querySelectorAll('span.kl-eval')];
+  const heavier = evals.filter(s => style(s).fontWeight !== style(s.parentElement).fontWeight)
+    .map(s => `${describe(s)} at weight ${style(s).fontWeight} in ${describe(s.parentElement)} `
+      + `at ${style(s.parentElement).fontWeight}`);
+  const strong = [...main.querySelectorAll('p strong, li strong')]
+    .filter(s => !s.closest('.admonition-title, h1, h2, h3, h4')).map(s => Number(style(s).fontWeight));
+  const citations = [...main.querySelectorAll('span.bibtex-citation a[href]')].map(a => {
+    const id = a.getAttribute('aria-describedby');
+    const box = id ? document.getElementById(id) : null;
+    return {label: a.textContent.trim(), href: a.href, previewId: id,
+            preview: Boolean(box && box.matches('span.kl-cite-preview')),
+            key: box ? box.dataset.key : null, text: box ? box.textContent.replace(/\s+/g, ' ').trim() : ''};
+  });
   return {viewport: vw, scrollWidth, wider, overflow, scrollBoxes, images, links, ids,
-          exercises, solutions, chapter};
+          exercises, solutions, chapter, evals: {count: evals.length, heavier}, strong, citations};
 }
 """
 
@@ -370,6 +393,40 @@ DARK_PROBE = r"""
 }
 """
 
+# axe-core, the copy that axe-playwright-python bundles (evaluated into the page by run_axe:
+# nothing is fetched), with its default rules: WCAG 2.0-2.2 A and AA, and its
+# best practices. Only the violations are kept, each with its first nodes.
+#
+# The API page is read in part: its modules after the first AXE_API_MODULES (some 50 modules,
+# 80,000 elements with their formulas, which took axe 30 s a width) are removed from the page
+# first, with their entries in the page's contents. Every module is the same markup, written by
+# autodoc from the docstrings; the visit's other checks have read the whole page by then.
+AXE_API_MODULES = 3
+AXE_PROBE = r"""
+async ({context, options, keep}) => {
+  const modules = [...document.querySelectorAll("main section[id^='module-']")]
+    .filter(s => !s.querySelector("section[id^='module-']"));
+  const leftOut = modules.slice(keep);
+  leftOut.forEach(s => s.remove());
+  if (leftOut.length) {
+    for (const a of document.querySelectorAll("nav a[href^='#']")) {
+      const id = decodeURIComponent(a.getAttribute('href').slice(1));
+      if (id && !document.getElementById(id)) (a.closest('li') || a).remove();
+    }
+  }
+  const result = await axe.run(context || document, options);
+  return {
+    version: axe.version, modules: modules.length, leftOut: leftOut.length,
+    violations: result.violations.map(v => ({
+      id: v.id, impact: v.impact, help: v.help, url: v.helpUrl, count: v.nodes.length,
+      nodes: v.nodes.slice(0, 10).map(n => ({
+        target: n.target.join(' '), summary: (n.failureSummary || '').replace(/\s+/g, ' ').slice(0, 240),
+      })),
+    })),
+  };
+}
+"""
+
 
 def watch(page: Page, reader: Reader) -> None:
     """Record uncaught exceptions and error-level console messages on the visit in progress.
@@ -400,6 +457,33 @@ def probe_math(page: Page) -> dict:
                 raise
             page.wait_for_load_state("load")
     raise PlaywrightError("the page kept navigating; the math probe never completed")
+
+
+def run_axe(page: Page, width: str) -> dict:
+    """axe-core's violations on the page as it stands (:data:`AXE_PROBE`).
+
+    Each rule runs at the width where it can find something the other width would not, so that
+    axe costs each page about half of what all its rules at both widths would:
+
+    * the rules on colour (``color-contrast``, the slowest by far: it finds each text's background
+      pixel by pixel; ``link-in-text-block``) at desktop width only, where more of the page is shown:
+      the colours are those of the phone. There the code listings (``div.highlight``: hundreds of
+      Pygments tokens a page, coloured by the theme's code style) are left out, which halves the
+      time axe takes; the phone's visit checks them with the other rules;
+    * ``target-size``, the size of what a finger must hit, at phone width only;
+    * every other rule at both widths (what each shows and hides differs), but ``region`` (text
+      outside the page's landmarks), whose violations are moderate at most: the test fails on
+      serious and critical ones only.
+    """
+    page.evaluate(AXE_SCRIPT)  # defines window.axe
+    off = ["region"] + (["target-size"] if width == "desktop"
+                        else ["color-contrast", "link-in-text-block"])
+    # No preload: axe would fetch every style sheet again with XMLHttpRequest, to read the CSS of one
+    # rule (css-orientation-lock), and a page opened from disk may not (an error per style sheet).
+    options = {"resultTypes": ["violations"], "preload": False,
+               "rules": {rule: {"enabled": False} for rule in off}}
+    context = {"exclude": [["div.highlight"]]} if width == "desktop" else None
+    return page.evaluate(AXE_PROBE, {"context": context, "options": options, "keep": AXE_API_MODULES})
 
 
 def screenshot_path(kind: str, page: Path) -> Path:
@@ -445,6 +529,9 @@ class Reader:
             probed_at = time.monotonic()
             report.reader = page.evaluate(READER_PROBE, self.size["width"])
             self.screenshot(report, self.width, path)
+            # Before dark mode: switching back to light, the theme's colours fade for a moment,
+            # and axe would measure the contrast of colours half-way.
+            report.axe = run_axe(page, self.width)
             if self.width == "desktop":
                 report.dark = self.dark_mode(report, path)
             if self.width == "desktop":
@@ -944,3 +1031,207 @@ def test_search_finds_the_book_s_subject(new_context: Callable[..., BrowserConte
     assert first and (search.parent / first.split("#")[0]).is_file(), f"first result links nowhere: {first}"
     problems = report.errors + report.remote_requests
     assert not problems, f"search page: {problems}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
+def test_numbers_are_set_like_the_words_around_them(
+        page: Path, report_of: Callable[[Path], PageReport]) -> None:
+    """A number of the prose ({eval}) has its sentence's weight: myst-nb's bold ``pasted-text`` is
+    not applied to it (tools/kltutorial_book_ext.py)."""
+    evals = report_of(page).probed("reader")["evals"]
+    assert not evals["heavier"], (
+        f"{_name(page)}: {len(evals['heavier'])} of {evals['count']} numbers stand out from their "
+        "sentence:\n" + "\n".join(evals["heavier"][:5]))
+
+
+def test_the_prose_has_numbers_and_its_bold_stays_bold(report_of: Callable[[Path], PageReport]) -> None:
+    """Guard against a vacuous pass: the book shows {eval} numbers (most on a page like §12), and
+    the prose's own **bold** is still bold."""
+    counts = {_name(p): report_of(p).probed("reader")["evals"]["count"] for p in PAGES}
+    assert max(counts.values(), default=0) >= 20, f"numbers of the prose ({{eval}}) per page: {counts}"
+    strong = [w for p in PAGES for w in report_of(p).probed("reader")["strong"]]
+    assert strong, "no **bold** in the prose of any page"
+    assert min(strong) >= 600, f"**bold** prose set at weight {min(strong)}: {sorted(set(strong))}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
+def test_every_citation_has_its_reference_beside_it(
+        page: Path, report_of: Callable[[Path], PageReport]) -> None:
+    """Each citation link is described (aria-describedby) by the preview of its entry
+    (tools/cite_preview.py, book/_static/cite-preview.js), which names the entry's year."""
+    citations = report_of(page).probed("reader")["citations"]
+    missing = [c["label"] for c in citations if not c["preview"]]
+    assert not missing, f"{_name(page)}: citations without a preview: {missing}"
+    entries = bibliography()
+    wrong = [c["label"] for c in citations if c["key"] not in entries
+             or entries[c["key"]]["year"] not in c["text"]]
+    assert not wrong, f"{_name(page)}: previews of no entry, or of another one: {wrong}"
+
+
+@functools.cache
+def bibliography() -> dict[str, dict[str, str]]:
+    """Each entry of book/references.bib: its first author's last name, title and year, as text."""
+    from pybtex.database import parse_file
+    from pybtex.richtext import Text
+
+    def text(latex: str) -> str:
+        return " ".join(Text.from_latex(latex).render_as("text").split())
+
+    entries = {}
+    for key, entry in parse_file(ROOT / "book" / "references.bib").entries.items():
+        people = entry.persons.get("author") or entry.persons.get("editor") or []
+        last = text(" ".join(people[0].last_names)) if people else ""
+        entries[key] = {"author": last, "title": text(entry.fields.get("title", "")),
+                        "year": entry.fields.get("year", "")}
+    return entries
+
+
+def _first_citation(report_of: Callable[[Path], PageReport]) -> tuple[Path, dict]:
+    for page in PAGES:
+        for citation in report_of(page).reader.get("citations", []):
+            if citation["preview"]:
+                return page, citation
+    pytest.fail("no page has a citation with its preview ({cite} and tools/cite_preview.py)")
+
+
+# The preview as a reader sees it: shown, inside the screen, its text and colours.
+PREVIEW_PROBE = r"""
+(id) => {
+  const box = document.getElementById(id);
+  const r = box.getBoundingClientRect(), s = getComputedStyle(box);
+  const rgb = c => c.match(/[\d.]+/g).slice(0, 3).map(Number);
+  const lum = c => {
+    const lin = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+    const [r, g, b] = rgb(c);
+    return 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b);
+  };
+  const bg = lum(s.backgroundColor);
+  const contrast = [...box.querySelectorAll('span')].map(line => {
+    const fg = lum(getComputedStyle(line).color);
+    return (Math.max(fg, bg) + 0.05) / (Math.min(fg, bg) + 0.05);
+  });
+  return {
+    shown: r.width > 0 && r.height > 0 && s.display !== 'none' && s.visibility !== 'hidden',
+    left: r.left, right: r.right, top: r.top, bottom: r.bottom,
+    viewport: [document.documentElement.clientWidth, document.documentElement.clientHeight],
+    scrollWidth: document.documentElement.scrollWidth,
+    text: box.innerText.replace(/\s+/g, ' ').trim(),
+    minContrast: Math.min(...contrast), opaque: !/rgba\(.*, 0\)$/.test(s.backgroundColor),
+  };
+}
+"""
+
+
+@pytest.mark.parametrize("width", list(VIEWPORTS))
+def test_a_citation_shows_its_reference_by_keyboard_hover_and_tap(
+        width: str, new_context: Callable[..., BrowserContext],
+        report_of: Callable[[Path], PageReport]) -> None:
+    """Focus (keyboard), hover (desktop) and tap (phone, a touch screen) show the citation's
+    reference beside it: the right entry's author, title and year, inside the screen, legible in
+    light and dark mode; Escape hides it, and so does a second tap."""
+    page_path, citation = _first_citation(report_of)
+    entry = bibliography()[citation["key"]]
+    # The entry the link leads to, on the references page, is the one the preview shows.
+    target = urlsplit(citation["href"])
+    listed = re.search(rf'id="{re.escape(unquote(target.fragment))}"[^>]*>(.*?)</div>',
+                       Path(unquote(target.path)).read_text(encoding="utf8"), re.DOTALL)
+    assert listed, f"{citation['href']}: no such entry on the references page"
+    listed_text = " ".join(html.unescape(re.sub(r"<[^>]+>", "", listed.group(1))).split())
+    assert entry["title"].casefold() in listed_text.casefold(), (
+        f"[{citation['label']}] links to {listed_text[:120]!r}, its preview shows {citation['key']}")
+    context = new_context(**VIEWPORTS[width])  # pytest-playwright's: closed after the test
+    context.set_default_timeout(PAGE_TIMEOUT_MS)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(page_path.as_uri(), wait_until="load")
+    link = page.locator(f"main a[aria-describedby='{citation['previewId']}']")
+    where = f"{_name(page_path)} ({width}), [{citation['label']}]"
+
+    def preview(how: str, shown: bool = True) -> dict:
+        state = page.evaluate(PREVIEW_PROBE, citation["previewId"])
+        assert state["shown"] is shown, (
+            f"{where}: after {how}, the preview is {'hidden' if shown else 'shown'}")
+        if shown:
+            vw, vh = state["viewport"]
+            inside = (state["left"] >= 0 and state["right"] <= vw
+                      and state["top"] >= 0 and state["bottom"] <= vh)
+            assert inside, (
+                f"{where}: after {how}, the preview spans x {state['left']:.0f}..{state['right']:.0f}, "
+                f"y {state['top']:.0f}..{state['bottom']:.0f} in a {vw} x {vh} screen")
+            assert state["scrollWidth"] <= vw, (
+                f"{where}: the preview widens the page to {state['scrollWidth']} px")
+            for part in ("author", "title", "year"):
+                assert entry[part].casefold() in state["text"].casefold(), (
+                    f"{where}: after {how}, the preview lacks the {part} {entry[part]!r}: {state['text']!r}")
+            assert state["opaque"] and state["minContrast"] >= 4.5, (
+                f"{where}: after {how}, the preview is hard to read (contrast {state['minContrast']:.2f})")
+        return state
+
+    preview("loading", shown=False)
+    link.focus()
+    preview("keyboard focus")
+    page.keyboard.press("Escape")
+    preview("Escape", shown=False)
+    if width == "desktop":
+        page.mouse.move(1, 1)
+        link.hover()
+        preview("hover")
+        page.keyboard.press("Escape")
+        preview("Escape", shown=False)
+        page.emulate_media(color_scheme="dark")
+        page.wait_for_function("document.documentElement.dataset.theme === 'dark'", timeout=STATE_TIMEOUT_MS)
+        link.blur()
+        link.focus()
+        preview("keyboard focus, dark mode")
+    else:
+        url = page.url
+        link.tap()
+        preview("a tap")
+        assert page.url == url, f"{where}: a tap on the citation left the page for {page.url}"
+        link.tap()
+        preview("a second tap", shown=False)
+    assert not errors, f"{where}: errors: {errors}"
+
+
+AXE_BLOCKING = ("serious", "critical")
+# Serious or critical violations that are the themes' own and that the book leaves to them: the
+# rule, a pattern of the offending nodes' selectors, and the upstream issue. The book fixes the
+# others where it can: the unnamed contents buttons of pydata-sphinx-theme get a name from
+# kltutorial.js, the bibliography's deprecated role is replaced in tools/bib_backrefs.py.
+AXE_THEME_ALLOWED: list[tuple[str, re.Pattern[str], str]] = []
+
+
+def _blocking(violations: list[dict]) -> list[str]:
+    """The serious and critical violations, less the themes' own, one line per offending node."""
+    found = []
+    for v in violations:
+        if v["impact"] not in AXE_BLOCKING:
+            continue
+        for node in v["nodes"]:
+            if any(rule == v["id"] and where.search(node["target"]) for rule, where, _ in AXE_THEME_ALLOWED):
+                continue
+            found.append(f"{v['id']} ({v['impact']}: {v['help']}) at {node['target']}: {node['summary']}")
+    return found
+
+
+@pytest.mark.parametrize(("page", "width"), VISITS)
+def test_no_serious_accessibility_violations(page: Path, width: str,
+                                             visit: Callable[[Path, str], PageReport]) -> None:
+    """axe-core finds no serious or critical violation, but the themes' own (AXE_THEME_ALLOWED)."""
+    axe = visit(page, width).probed("axe")
+    found = _blocking(axe["violations"])
+    assert not found, (f"{_name(page)} ({width}): axe-core {axe['version']} finds {len(found)} serious or "
+                       "critical accessibility problems:\n" + "\n".join(found[:10]))
+
+
+def test_axe_reports_what_it_should(new_context: Callable[..., BrowserContext]) -> None:
+    """Guard against a vacuous pass: on a page with an unnamed button, an image without alt text
+    and grey-on-white text, the probe reports them as serious or critical."""
+    context = new_context(**VIEWPORTS["desktop"])  # pytest-playwright's: closed after the test
+    page = context.new_page()
+    page.set_content('<html lang="en"><head><title>t</title></head><body><main><h1>t</h1>'
+                     '<button></button><img src="data:image/gif;base64,R0lGODlhAQABAAAAACw=">'
+                     '<p style="color:#bbb">faint</p></main></body></html>')
+    found = {line.split(" ", 1)[0] for line in _blocking(run_axe(page, "desktop")["violations"])}
+    assert {"button-name", "image-alt", "color-contrast"} <= found, found

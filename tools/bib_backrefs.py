@@ -14,6 +14,12 @@ It reads what sphinxcontrib-bibtex records anyway: every ``{cite}`` is a ``Citat
 document and the id of the citation node, which stays on the rendered citation as its anchor),
 every bibliography entry a ``Citation`` with the id of its node. Citations on the
 bibliography's own page keep the native back references and are not repeated here.
+
+The entries are list items. docutils (0.21) writes the bibliography as ``<div role="list">`` of
+``<div role="doc-biblioentry">``; ARIA 1.3 and DPUB-ARIA 1.1 deprecate ``doc-biblioentry``, so
+browsers and axe-core ignore it, and the list then holds no items, only the entries' text and
+links (axe-core's ``aria-required-children``, critical). Each entry is written with
+``role="listitem"`` instead, which is what ``doc-biblioentry`` meant.
 """
 
 from __future__ import annotations
@@ -103,7 +109,18 @@ def _doc_order(env: Any) -> list[str]:
     return seen
 
 
+def visit_citation(self: Any, node: nodes.citation) -> None:
+    """docutils' own ``visit_citation``, with ``role="listitem"`` for the deprecated role."""
+    type(self).visit_citation(self, node)
+    self.body[-1] = self.body[-1].replace('role="doc-biblioentry"', 'role="listitem"')
+
+
+def depart_citation(self: Any, node: nodes.citation) -> None:
+    type(self).depart_citation(self, node)
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.setup_extension("sphinxcontrib.bibtex")
     app.add_post_transform(BibliographyBackrefs)
+    app.add_node(nodes.citation, override=True, html=(visit_citation, depart_citation))
     return {"parallel_read_safe": True, "parallel_write_safe": True, "version": "1.0"}

@@ -34,6 +34,11 @@ the scheme). When a notebook is read, every ``{eval}`` in it is checked, and
 its stored ``user_expressions`` compared with the glued values; a problem is a
 warning, so the strict build (``-W``) fails on it.
 
+The number is an ``<span class="kl-eval">``, set like the words around it. It
+does not take myst-nb's class ``pasted-text``, which myst-nb's own style sheet
+sets in bold (``span.pasted-text {font-weight: bold}``, for ``{glue}``): every
+number of the prose was bold, and the pages speckled with bold digits.
+
 Exercises
 ---------
 sphinx-exercise gives the body of every exercise the id ``exercise-content`` and
@@ -114,7 +119,7 @@ def eval_role(name: str, rawtext: str, text: str, lineno: int, inliner: Any,
         message = inliner.reporter.warning(str(exc), line=lineno)
         problem = inliner.problematic(rawtext, rawtext, message)
         return [problem], [message]
-    return [nodes.inline(shown, shown, classes=["pasted-text", "kl-eval"])], []
+    return [nodes.inline(shown, shown, classes=["kl-eval"])], []
 
 
 def check_evals(app: Sphinx, doctree: nodes.document) -> None:

@@ -19,6 +19,12 @@
  * Figures. Each image of the article (figures and cell outputs) becomes a link to its own file,
  * so a click, or Enter on the focused link, opens the image at full size.
  *
+ * Contents buttons. pydata-sphinx-theme 0.17 draws the button that folds a chapter's sub-pages in the
+ * contents as a <summary> holding only a chevron icon (role="presentation", its toctree.py): a
+ * screen reader announces an unnamed button, and axe-core reports it (rule summary-name, serious;
+ * the same markup is patched in pytorch_sphinx_theme #234). Each such button is named after its
+ * chapter: "Sections of KL in reward or loss".
+ *
  * Search from disk. Sphinx's search page fetches every result page to show a summary under it; a
  * book opened from disk (file:) may not fetch (the browser blocks it), so each result logged an
  * error and showed no summary. There the summaries are switched off: the results are listed as
@@ -110,9 +116,19 @@
     }
   }
 
+  function nameContentsToggles() {
+    for (const summary of document.querySelectorAll("nav li.has-children > details > summary")) {
+      if (summary.textContent.trim() || summary.hasAttribute("aria-label")) continue;
+      const link = summary.closest("li").querySelector(":scope > a");
+      const title = link ? link.textContent.trim().replace(/\s+/g, " ") : "";
+      summary.setAttribute("aria-label", title ? "Sections of " + title : "Sections");
+    }
+  }
+
   function init() {
     forwardToggleClicks(".primary-toggle");
     forwardToggleClicks(".secondary-toggle");
+    nameContentsToggles();
     const article = document.querySelector("main") || document.body;
     linkImages(article);
     watchScrollBoxes(article);
