@@ -79,7 +79,7 @@ lint: $(STAMP)
 # Unit tests and docstring examples of the package and the tools, and the stored notebooks' checks
 # (tests/test_notebooks.py); not the browser checks (-m "not book").
 unit-tests: $(STAMP)
-	$(call pytest_strict,$(XDIST) tests kltutorial tools/nbval_numeric.py --doctest-modules -m "not book")
+	$(call pytest_strict,$(XDIST) tests kltutorial tools/nbval_numeric.py --doctest-modules -m "not book" --durations=8)
 
 # Unit tests and nbval run on up to four worker processes (pytest-xdist); nbval keeps each
 # notebook on one worker (--dist loadfile), its cells in order in one kernel.
@@ -134,7 +134,7 @@ book-verified: $(STAMP)
 # (tests/test_jupyterlab.py); the notebooks bundle, one chapter of it executed from the unpacked zip,
 # and the status page (tests/test_book_downloads.py). The PDF's checks run in pdf-check.
 html-check: $(STAMP) chromium
-	$(call pytest_strict,tests -m "book and not pdf")
+	$(call pytest_strict,tests -m "book and not pdf" --durations=12)
 
 # The whole book as one PDF, from the doctrees of the strict build (make test's; on a fresh checkout
 # book-verified runs first), executing nothing: Sphinx's singlehtml builder writes the book as one
