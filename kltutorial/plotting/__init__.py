@@ -13,7 +13,7 @@ module             figures                                                      
 ``dynamics``       reward vs KL per β, KL over steps, per-token KL patterns                        10
 ``experiment``     frontier, "!" histogram, data sweep, toy controllers, token KL, fixed points    9, 11
 ``interactive``    the β slider over π*_β (plotly, offline)                                        11
-``diagnostics``    per-token KL heat maps, KL spike logs                                           12
+``diagnostics``    per-token KL heat maps, KL spike logs, memory against the vocabulary size       12
 =================  ==============================================================================  ========
 
 Plot functions take results (arrays, result dataclasses, controller histories), draw on an
@@ -40,6 +40,7 @@ from .controllers import (
 )
 from .diagnostics import (
     HEATMAP_CMAP,
+    plot_memory_by_vocab,
     plot_spike_log,
     plot_token_kl_heatmap,
 )
@@ -147,5 +148,6 @@ __all__ = [
     "OfflineHTML",
     "HEATMAP_CMAP",
     "plot_token_kl_heatmap",
+    "plot_memory_by_vocab",
     "plot_spike_log",
 ]
