@@ -35,7 +35,7 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export KLTUTORIAL_HTML_DIR := $(CURDIR)/$(HTML)
 
 .PHONY: help venv book test lint unit-tests nbval nbval-native nbval-second-kernels book-verified html-check \
-	chromium notebooks lab clean pdf pdf-check
+	chromium notebooks lab clean pdf pdf-check pdf-tests
 
 help:
 	@sed -n '3,8s/^# //p' Makefile
@@ -69,8 +69,8 @@ test: $(STAMP)
 	$(MAKE) --no-print-directory unit-tests
 	$(MAKE) --no-print-directory nbval
 	$(MAKE) --no-print-directory book-verified
-	$(MAKE) --no-print-directory html-check
-	$(MAKE) --no-print-directory pdf-check
+	$(MAKE) --no-print-directory -j2 --output-sync=target html-check pdf
+	$(MAKE) --no-print-directory pdf-tests
 
 # Ruff over the package, the tests, the tools and the notebooks' code (pyproject.toml, book/ruff.toml).
 lint: $(STAMP)
@@ -151,9 +151,14 @@ pdf: $(STAMP) chromium
 	rm -f conf.py
 	$(BIN)/python tools/book_pdf.py $(PDF_DIR)/html $(PDF_DIR)/book.pdf
 
-# The PDF, read back (tests/test_book_pdf.py: pages, chapter titles in order, figure captions, no raw
-# MyST or TeX, links inside it), after the PDF is built.
+# The PDF built, then read back (pdf-tests).
 pdf-check: $(STAMP) pdf
+	$(call pytest_strict,tests/test_book_pdf.py -m pdf)
+
+# The PDF read back (tests/test_book_pdf.py: pages, chapter titles in order, figure captions, no raw
+# MyST or TeX, links inside it), as it is: make test builds it beside the browser checks (make -j2,
+# as each of the two keeps about one core busy) and then runs this.
+pdf-tests: $(STAMP)
 	$(call pytest_strict,tests/test_book_pdf.py -m pdf)
 
 # The browser checks need Debian's Chromium (or $$CHROMIUM); a check that cannot start fails, it never

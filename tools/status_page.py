@@ -12,7 +12,8 @@ incremental one, ``make book``, never shows an old copy), with
 * **Versions**: Python's and each package's of :data:`VERSIONS` as installed in the environment that
   builds the book (``importlib.metadata``), beside the pin in ``requirements.txt``;
 * **What CI checks**: the steps of ``make test``, read from the Makefile (the ``$(MAKE) <target>``
-  lines of its ``test`` recipe), each with the comment above its target there, or its commands
+  lines of its ``test`` recipe, one or more targets a line), each with the comment above its target
+  there, or its commands
   where it has none.
 """
 
@@ -142,9 +143,9 @@ def make_test_steps(makefile: Path) -> list[tuple[str, str, list[str]]]:
 
     steps = []
     for command in recipe("test"):
-        match = re.search(r"\$\(MAKE\)(?:\s+-\S+)*\s+([\w-]+)\s*$", command)
-        if match:
-            target = match.group(1)
+        # $(MAKE) [options] target [target ...]: the targets of one line run side by side (-j2)
+        match = re.search(r"\$\(MAKE\)(?:\s+-\S+)*((?:\s+[\w-]+)+)\s*$", command)
+        for target in match.group(1).split() if match else []:
             if target not in rules:
                 raise ValueError(f"make test runs {target}, which {makefile} does not define")
             steps.append((target, comment(target), recipe(target)))
