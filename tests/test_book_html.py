@@ -942,12 +942,21 @@ def test_some_page_has_exercises_with_code_in_a_solution(report_of: Callable[[Pa
     _first_solution_with_code(report_of)
 
 
-def _first_solution_with_code(report_of: Callable[[Path], PageReport]) -> tuple[Path, dict]:
+def _first_found(
+    report_of: Callable[[Path], PageReport], kind: str, has: str, missing: str
+) -> tuple[Path, dict]:
+    """The first page (in reading order) with an item of ``kind`` (``"solutions"``, ``"citations"``) whose
+    ``has`` is true, and that item; fails with ``missing`` if no page has one."""
     for page in PAGES:
-        for solution in report_of(page).reader.get("solutions", []):
-            if solution["hasCode"]:
-                return page, solution
-    pytest.fail("no page has a solution holding a code cell (solution-start/solution-end around it)")
+        for item in report_of(page).reader.get(kind, []):
+            if item[has]:
+                return page, item
+    pytest.fail(missing)
+
+
+def _first_solution_with_code(report_of: Callable[[Path], PageReport]) -> tuple[Path, dict]:
+    return _first_found(report_of, "solutions", "hasCode",
+                        "no page has a solution holding a code cell (solution-start/solution-end around it)")
 
 
 def test_a_solution_opens_by_click_and_by_keyboard(
@@ -1087,11 +1096,8 @@ def bibliography() -> dict[str, dict[str, str]]:
 
 
 def _first_citation(report_of: Callable[[Path], PageReport]) -> tuple[Path, dict]:
-    for page in PAGES:
-        for citation in report_of(page).reader.get("citations", []):
-            if citation["preview"]:
-                return page, citation
-    pytest.fail("no page has a citation with its preview ({cite} and tools/cite_preview.py)")
+    return _first_found(report_of, "citations", "preview",
+                        "no page has a citation with its preview ({cite} and tools/cite_preview.py)")
 
 
 # The preview as a reader sees it: shown, inside the screen, its text and colours.

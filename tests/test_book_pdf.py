@@ -22,7 +22,7 @@ from pathlib import Path
 import pypdfium2 as pdfium
 import pypdfium2.raw as raw
 import pytest
-import yaml
+from test_book_downloads import toc_files
 
 pytestmark = [pytest.mark.book, pytest.mark.pdf]
 
@@ -69,17 +69,7 @@ def text(doc: pdfium.PdfDocument) -> str:
 @cache
 def toc_pages() -> list[Path]:
     """The built page of every file of ``_toc.yml``, in reading order."""
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf8"))
-    files = [toc["root"]]
-
-    def walk(entries: list[dict]) -> None:
-        for entry in entries:
-            files.append(entry["file"])
-            walk(entry.get("sections", []))
-
-    for part in toc.get("parts", []):
-        walk(part["chapters"])
-    return [HTML_DIR / f"{name}.html" for name in files]
+    return [HTML_DIR / f"{name}.html" for name in toc_files()]
 
 
 def page_title(page: Path) -> str:
