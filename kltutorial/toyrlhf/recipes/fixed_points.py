@@ -54,8 +54,9 @@ from ...exact.placement import grpo_style_loss, ppo_style_loss
 from ..task import ToyTask, check_task
 from .registry import RecipeSpec, get_recipe
 
-__all__ = ["GROUP_DRAWS", "recipe_fixed_point", "fixed_point_table", "expected_gradient", "score_std",
-           "group_advantage_curve", "FixedPointCurve", "fixed_point_curve"]
+__all__ = ["GROUP_DRAWS", "ADVANTAGE_SCALES", "recipe_fixed_point", "fixed_point_table",
+           "loss_fixed_point_table",
+           "expected_gradient", "score_std", "group_advantage_curve", "FixedPointCurve", "fixed_point_curve"]
 
 #: Groups in the Monte Carlo quadrature of GRPO's expected advantage (:func:`group_advantage_curve`).
 GROUP_DRAWS: int = 4_000
@@ -150,6 +151,62 @@ def _group_size(spec: RecipeSpec, group_size: int | None) -> int | None:
     return g
 
 
+#: How a group-baseline recipe scales its advantage (TRL's ``scale_rewards``): not at all, by the group's
+#: std, or by the whole batch's std.
+ADVANTAGE_SCALES: tuple[str, ...] = ("none", "group", "batch")
+
+
+def loss_fixed_point_table(
+    space: ex.SequenceSpace, ref_table: torch.Tensor, scores: torch.Tensor, beta: float, *,
+    divergence: str, group_size: int | None, scale: str = "none", eps: float = 1e-4,
+) -> torch.Tensor:
+    r"""The next-token table (P, V) where a group-baseline recipe with a per-token KL in the loss stops.
+
+    The score's expected gradient is scaled as the module docstring says, and the penalty's follows the
+    per-token ``divergence`` (``"forward"`` for k3, ``"reverse"`` for k2, k3+ or k3 weighted by the
+    differentiable ratio):
+
+    * ``scale="none"`` (Dr. GRPO): the per-token fixed point with :math:`c = eta G/(G-1)`
+      (:math:`c = eta` without a group, ``group_size=None``);
+    * ``"group"`` (GRPO): the score replaced by :math:`g_\pi(s)`, :math:`c = eta`, solved
+      self-consistently (:func:`group_advantage_curve`);
+    * ``"batch"`` (TRL's ``scale_rewards="batch"``): the group-mean advantage divided by the std of the
+      whole batch's scores, taken as the policy's own score std :math:`\sigma_\pi` (for a batch of B the
+      difference is :math:`O(1/B)`: the batch std includes the sample, and Bessel's correction does not make
+      the std unbiased), so :math:`c = eta\,\sigma_\pi G/(G-1)`, also solved self-consistently.
+
+    Raises ValueError for an unknown ``divergence`` or ``scale``.
+    """
+    beta = check_positive(beta, "beta")
+    if divergence not in ("forward", "reverse"):
+        raise ValueError(f"divergence must be 'forward' or 'reverse', got {divergence!r}")
+    if scale not in ADVANTAGE_SCALES:
+        raise ValueError(f"scale must be one of {', '.join(ADVANTAGE_SCALES)}; got {scale!r}")
+    if scale != "none" and group_size is None:
+        raise ValueError(f"scale={scale!r} needs a group_size (the std-scaled advantage is a group's)")
+    kappa = 1.0 if group_size is None else group_size / (group_size - 1)
+    if scale == "none":
+        return per_token_fixed_point(space, ref_table, scores, beta * kappa, divergence)
+    if scale == "batch":
+        sigma = score_std(space, ref_table, scores)
+        for i in range(_STD_ITERATIONS):
+            table = per_token_fixed_point(space, ref_table, scores, beta * kappa * (sigma + eps), divergence)
+            new = score_std(space, table, scores)
+            if abs(new - sigma) <= 1e-12:
+                return table
+            sigma = new if i < 50 else 0.5 * (sigma + new)
+        raise RuntimeError(f"the batch-scaled fixed point did not settle in {_STD_ITERATIONS} iterations")
+    ref_logprobs = ex.sequence_logprobs(space, ref_table)
+    curve = group_advantage_curve(scores, ref_logprobs, group_size, eps=eps)
+    for i in range(_STD_ITERATIONS):
+        table = per_token_fixed_point(space, ref_table, curve, beta, divergence)
+        new = group_advantage_curve(scores, ex.sequence_logprobs(space, table), group_size, eps=eps)
+        if (new - curve).abs().max() <= 1e-10:
+            return table
+        curve = new if i < 50 else 0.5 * (curve + new)
+    raise RuntimeError(f"the GRPO fixed point did not settle in {_STD_ITERATIONS} iterations")
+
+
 def fixed_point_table(
     space: ex.SequenceSpace, ref_table: torch.Tensor, scores: torch.Tensor, recipe: str, beta: float,
     *, group_size: int | None = None,
@@ -164,18 +221,10 @@ def fixed_point_table(
     if spec.fixed_point == "optimum":
         ref_logprobs = ex.sequence_logprobs(space, ref_table)
         return ex.next_token_logprobs(space, ex.optimal_policy(ref_logprobs, scores, beta))
-    kappa = 1.0 if g is None else g / (g - 1)
-    if not spec.std_scaled:
-        return per_token_fixed_point(space, ref_table, scores, beta * kappa, spec.fixed_point)
-    ref_logprobs = ex.sequence_logprobs(space, ref_table)
-    curve = group_advantage_curve(scores, ref_logprobs, g, eps=spec.settings.eps)
-    for i in range(_STD_ITERATIONS):
-        table = per_token_fixed_point(space, ref_table, curve, beta, spec.fixed_point)
-        new = group_advantage_curve(scores, ex.sequence_logprobs(space, table), g, eps=spec.settings.eps)
-        if (new - curve).abs().max() <= 1e-10:
-            return table
-        curve = new if i < 50 else 0.5 * (curve + new)
-    raise RuntimeError(f"the GRPO fixed point did not settle in {_STD_ITERATIONS} iterations")
+    return loss_fixed_point_table(
+        space, ref_table, scores, beta, divergence=spec.fixed_point, group_size=g,
+        scale="group" if spec.std_scaled else "none", eps=getattr(spec.settings, "eps", 1e-4),
+    )
 
 
 def recipe_fixed_point(

@@ -1,0 +1,228 @@
+r"""TRL's ``GRPOTrainer`` and ``RLOOTrainer`` trained on the toy task, each run measured against the exact
+point its configuration stops at (book section 9, "The same recipes in TRL").
+
+One network (:func:`~kltutorial.integrations.trl.toy_model`, distilled to the task's reference) starts
+every run; the fixed points are taken relative to it (:func:`~kltutorial.toyrlhf.recipes.with_reference`
+of its next-token table). Each run reports, exactly, the KL from the trained network's distribution to
+its own configuration's fixed point and to every other candidate, its KL to the reference, and its
+expected proxy and gold rewards. The runs take minutes, so the book reads their results from
+``book/data/trl-runs.json``, written by::
+
+    python -m kltutorial.studies.trl_runs --json book/data/trl-runs.json
+
+and :func:`run` is what the page also calls, live, for one short run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import exact as ex
+from ..integrations import trl as kt
+from ..toyrlhf import TaskConfig, make_task
+from ..toyrlhf.recipes import with_reference
+from ..toyrlhf.task import ToyTask
+
+__all__ = ["TRLRun", "RUNS", "book_task", "distilled_model", "make_args", "run", "run_all", "main"]
+
+
+@dataclass(frozen=True)
+class TRLRun:
+    """One TRL configuration to train: the trainer, β, and for GRPO the KL's weighting and the scaling."""
+
+    name: str
+    trainer: str  # "grpo" or "rloo"
+    beta: float
+    bias_correction: bool = True  # GRPOConfig.use_bias_correction_kl (TRL's default: True)
+    scale_rewards: str = "group"  # GRPOConfig.scale_rewards (TRL's default: "group")
+    steps: int = 400
+    batch: int = 256  # completions per step
+    group: int = 8  # num_generations (GRPO's default 8; RLOO's default is 2)
+    lr: float = 3e-3
+    monitor_every: int = 0  # steps between KLMonitorCallback's logs (0: no callback)
+    extra: dict = field(default_factory=dict)
+
+
+#: The book's runs: GRPO with both KL weightings at DeepSeekMath's β = 0.04 and at 0.1, with and without
+#: the std scaling, and RLOO at its default β.
+RUNS: tuple[TRLRun, ...] = (
+    TRLRun("grpo-default", "grpo", 0.04, True, "group", monitor_every=20),
+    TRLRun("grpo-no-bias-correction", "grpo", 0.04, False, "group"),
+    TRLRun("grpo-no-std", "grpo", 0.04, True, "none"),
+    TRLRun("grpo-no-std-no-bias-correction", "grpo", 0.04, False, "none"),
+    TRLRun("grpo-beta0.1", "grpo", 0.1, True, "group"),
+    TRLRun("grpo-beta0.1-no-bias-correction", "grpo", 0.1, False, "group"),
+    TRLRun("grpo-beta0.1-no-std", "grpo", 0.1, True, "none"),
+    TRLRun("grpo-beta0.1-no-std-no-bias-correction", "grpo", 0.1, False, "none"),
+    TRLRun("rloo-default", "rloo", 0.05),
+)
+
+
+def book_task() -> ToyTask:
+    """The toy task of book section 11 (its default configuration and seeds)."""
+    config = TaskConfig()
+    return make_task(config, rng=np.random.default_rng(0),
+                     data_rng=np.random.default_rng([0, config.n_pairs, 0]))
+
+
+def distilled_model(task: ToyTask, directory: str | os.PathLike, *, steps: int = 60, lr: float = 1e-2,
+                    seed: int = 0) -> float:
+    """Build the toy network, distil it to ``task``'s reference and save it with its tokenizer to
+    ``directory`` (TRL's trainers load the policy and the reference from there). Returns the fit's KL."""
+    model, tok = kt.toy_model(task, seed=seed)
+    kl = kt.distill(model, tok, task, steps=steps, lr=lr)
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return kl
+
+
+def make_args(spec: TRLRun, output_dir: str) -> Any:
+    """The ``GRPOConfig`` or ``RLOOConfig`` of ``spec`` (CPU, no logging sink, no checkpoints)."""
+    import trl
+
+    common = dict(
+        output_dir=output_dir, per_device_train_batch_size=spec.batch, num_generations=spec.group,
+        max_completion_length=5, max_steps=spec.steps, learning_rate=spec.lr, lr_scheduler_type="linear",
+        beta=spec.beta, logging_steps=spec.monitor_every or 20, report_to="none", use_cpu=True,
+        save_strategy="no", seed=0, disable_tqdm=True, **spec.extra,
+    )
+    if spec.trainer == "grpo":
+        return trl.GRPOConfig(use_bias_correction_kl=spec.bias_correction, scale_rewards=spec.scale_rewards,
+                              **common)
+    if spec.trainer == "rloo":
+        return trl.RLOOConfig(**common)
+    raise ValueError(f"trainer must be 'grpo' or 'rloo', got {spec.trainer!r}")
+
+
+def _candidate_names(spec: TRLRun) -> dict[str, str]:
+    """The book's names of the candidates :func:`run` measures, from the candidates' keys."""
+    if spec.trainer == "rloo":
+        return {"optimum": "pi*_beta", "forward/none": "forward per-token",
+                "reverse/none": "reverse per-token"}
+    return {"optimum": "pi*_beta", f"forward/{spec.scale_rewards}": "forward per-token",
+            f"reverse/{spec.scale_rewards}": "reverse per-token",
+            "forward/" + ("none" if spec.scale_rewards == "group" else "group"): "forward, other scaling",
+            "reverse/" + ("none" if spec.scale_rewards == "group" else "group"): "reverse, other scaling"}
+
+
+def run(spec: TRLRun, task: ToyTask, model_dir: str | os.PathLike) -> dict[str, Any]:
+    """Train ``spec`` from the network saved in ``model_dir`` and measure where it ended, exactly.
+
+    Returns a dict: ``name``, the settings, ``seconds``, ``own`` (the candidate its configuration
+    predicts), ``kl_to`` (candidate -> KL(trained || candidate), nats), ``kl_ref``, ``proxy``, ``gold``,
+    ``off_task`` (the largest mass outside the task's tokens), ``log`` (TRL's logged ``kl``, ``reward`` and
+    ``entropy`` by step) and, with ``monitor_every``, ``monitor`` (the callback's history).
+    """
+    import datasets
+    import transformers
+    import trl
+
+    transformers.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+    model_dir = str(model_dir)
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    ref_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+    net_task = with_reference(task, kt.model_tables(ref_model, tok, task).table)
+    with tempfile.TemporaryDirectory() as out:
+        args = make_args(spec, out)
+        # one prompt per group of completions a step draws
+        prompts = [tok.bos_token] * (spec.batch // spec.group * spec.steps)
+        data = datasets.Dataset.from_dict({"prompt": prompts})
+        cls = trl.GRPOTrainer if spec.trainer == "grpo" else trl.RLOOTrainer
+        trainer = cls(model=model_dir, reward_funcs=kt.reward_function(task), args=args, train_dataset=data,
+                      processing_class=tok)
+        monitor = None
+        if spec.monitor_every:
+            monitor = kt.KLMonitorCallback(trainer, [tok.bos_token], samples_per_prompt=spec.batch,
+                                           max_new_tokens=5, every=spec.monitor_every)
+            trainer.add_callback(monitor)
+        start = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - start
+    model = trainer.model
+    tables = kt.model_tables(model, tok, net_task)
+    logp = ex.sequence_logprobs(net_task.space, tables.table)
+    own = kt.fixed_point(net_task, args)
+    cands = kt.fixed_point_candidates(net_task, args)
+    names = _candidate_names(spec)
+    own_key = next(k for k, v in cands.items() if k in names and torch.equal(v, own))
+    log = [{k: rec[k] for k in ("step", "kl", "reward", "entropy") if k in rec}
+           for rec in trainer.state.log_history if "kl" in rec]
+    result = {
+        **{k: v for k, v in asdict(spec).items() if k != "extra"},
+        "seconds": round(seconds, 1),
+        "own": names[own_key],
+        "kl_to": {names[k]: ex.sequence_kl(logp, cands[k]) for k in names},
+        "kl_ref": ex.sequence_kl(logp, net_task.ref_logprobs),
+        "proxy": ex.expected_reward(logp, net_task.proxy_reward),
+        "gold": ex.expected_reward(logp, net_task.gold_reward),
+        "off_task": tables.max_off_task,
+        "log": log,
+    }
+    if monitor is not None:
+        result["monitor"] = monitor.history
+    return result
+
+
+def run_all(runs=RUNS, *, distill_steps: int = 60) -> dict[str, Any]:
+    """Every run of ``runs`` from one distilled network, with the distillation's KL and the versions."""
+    import transformers
+    import trl
+
+    torch.set_num_threads(1)
+    task = book_task()
+    with tempfile.TemporaryDirectory() as model_dir:
+        fit = distilled_model(task, model_dir, steps=distill_steps)
+        results = [run(spec, task, model_dir) for spec in runs]
+    return {"versions": {"trl": trl.__version__, "transformers": transformers.__version__,
+                         "torch": torch.__version__.split("+")[0]},
+            "distill_kl": fit, "distill_steps": distill_steps, "runs": results}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m kltutorial.studies.trl_runs",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path,
+                        help="write the results there (the book's: book/data/trl-runs.json)")
+    parser.add_argument("--only", nargs="*", help="run only these names (default: every run of RUNS)")
+    parser.add_argument("--steps", type=int, help="override every run's steps (a quick look)")
+    ns = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    runs = [r for r in RUNS if not ns.only or r.name in ns.only]
+    if ns.only and len(runs) != len(ns.only):
+        parser.error(f"--only: unknown names; the runs are {', '.join(r.name for r in RUNS)}")
+    if ns.steps:
+        from dataclasses import replace
+        runs = [replace(r, steps=ns.steps) for r in runs]
+    results = run_all(runs)
+    for r in results["runs"]:
+        dist = ", ".join(f"{k} {v:.3f}" for k, v in r["kl_to"].items())
+        print(f"{r['name']:<40} own: {r['own']:<18} {dist}  ({r['seconds']:.0f} s)")
+    if ns.json:
+        ns.json.parent.mkdir(parents=True, exist_ok=True)
+        ns.json.write_text(json.dumps(_finite(results), indent=1) + "\n", encoding="utf8")
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN float replaced by None (JSON has no NaN)."""
+    if isinstance(value, float):
+        return None if value != value else value
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+if __name__ == "__main__":
+    main()
