@@ -200,7 +200,7 @@ def test_exact_gradient_descent_on_trls_loss_reaches_the_fixed_point(bias: bool,
     target = loss_fixed_point_table(space, ref, scores, beta, divergence="reverse" if bias else "forward",
                                     group_size=G, scale=scale)
     logits = ref.clone()
-    for _ in range(3000):
+    for _ in range(5000):
         logp = ex.sequence_logprobs(space, torch.log_softmax(logits, -1))
         if scale == "none":
             adv = (G - 1) / G * scores  # the group mean's expected effect (the module docstring)
@@ -208,10 +208,10 @@ def test_exact_gradient_descent_on_trls_loss_reaches_the_fixed_point(bias: bool,
             adv = R.group_advantage_curve(scores, logp, G)
         theta = logits.clone().requires_grad_(True)
         (grad,) = torch.autograd.grad(_trl_expected_loss(space, theta, logits, ref, adv, beta, bias), theta)
-        logits = logits - 2.0 * grad
+        logits = logits - 4.0 * grad  # the expectation weighs each prefix by its mass: slow rows need a large step
     reached = ex.sequence_logprobs(space, torch.log_softmax(logits, -1))
     kl = ex.sequence_kl(reached, ex.sequence_logprobs(space, target))
-    assert kl < 1e-9, kl
+    assert kl < 1e-8, kl  # the group curve is a quadrature, settled to 1e-10 in the advantage
     other = loss_fixed_point_table(space, ref, scores, beta, divergence="forward" if bias else "reverse",
                                    group_size=G, scale=scale)
     assert ex.sequence_kl(reached, ex.sequence_logprobs(space, other)) > 1e-4  # the weighting matters
@@ -321,12 +321,14 @@ def test_the_callback_rejects_bad_input(task, small_model) -> None:
 
 
 def test_two_processes_gather_what_one_process_computes(tmp_path: Path) -> None:
-    """A short GRPOTrainer run with the callback under `accelerate launch --num_processes 2` (CPU, gloo):
+    """A short GRPOTrainer run with the callback under `accelerate launch --num_processes 2` (gloo, CPU):
     the statistics every rank logs equal one process's on the two ranks' completions put together."""
     script = ROOT / "tests" / "fixtures" / "trl_two_processes.py"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
-           "--cpu", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(tmp_path)]
+    # --multi_gpu is accelerate's torch.distributed launcher; on a machine without GPUs its processes use gloo
+    # (--cpu would start one process)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(tmp_path)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-4000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]

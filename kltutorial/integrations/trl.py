@@ -404,19 +404,21 @@ def fixed_point(task: ToyTask, args: Any) -> torch.Tensor:
     raise TypeError(f"args must be a trl.GRPOConfig or trl.RLOOConfig, got {type(args).__name__}")
 
 
-def fixed_point_candidates(task: ToyTask, args: Any) -> dict[str, torch.Tensor]:
+def fixed_point_candidates(
+    task: ToyTask, args: Any, *, scales: Sequence[str] = ("none", "group")
+) -> dict[str, torch.Tensor]:
     r"""Where the trainer could be expected to stop, by name, each (V**T,) log-probs: :math:`\pi^*_\beta`
-    (``"optimum"``), and the per-token forward and reverse fixed points with each advantage scale
-    (``"forward/group"``, ``"reverse/none"``, ...; for an ``RLOOConfig`` only ``"none"``, with
-    :math:`c = \beta`: RLOO has no group mean in the sample's own baseline). ``args``'s own is among them
-    (:func:`fixed_point`)."""
+    (``"optimum"``), and the per-token forward and reverse fixed points with each advantage scale of
+    ``scales`` (``"forward/group"``, ``"reverse/none"``, ...; for an ``RLOOConfig`` only ``"none"`` with
+    :math:`c = \beta`, since RLOO's leave-one-out baseline leaves the score's weight at 1). ``args``'s own
+    (:func:`fixed_point`) is among them when its ``scale_rewards`` is in ``scales``."""
     task = check_task(task)
     beta, G, w = _check_common(args, task)
     scores = w * task.proxy_reward
     out = {"optimum": ex.optimal_policy(task.ref_logprobs, scores, beta)}
     grpo = isinstance(args, trl.GRPOConfig)
     for divergence in ("forward", "reverse"):
-        for scale in ("none", "group", "batch") if grpo else ("none",):
+        for scale in scales if grpo else ("none",):
             table = loss_fixed_point_table(task.space, task.ref_table, scores, beta, divergence=divergence,
                                            group_size=G if grpo else None, scale=scale)
             out[f"{divergence}/{scale}"] = ex.sequence_logprobs(task.space, table)

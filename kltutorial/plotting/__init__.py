@@ -11,7 +11,8 @@ module             figures                                                      
 ``control_study``  step response, gain sweep, the rules on one plant                               7
 ``controllers``    controller dynamics; the 2 x 2 KL / β / reward / penalised layout               8, 10, 11
 ``dynamics``       reward vs KL per β, KL over steps, per-token KL patterns                        10
-``experiment``     frontier, "!" histogram, data sweep, toy controllers, token KL, fixed points    9, 11
+``experiment``     frontier, "!" histogram, data sweep, toy controllers, token KL, fixed points,   9, 11
+                   TRL's kl beside the exact KL
 ``interactive``    the β slider over π*_β (plotly, offline)                                        11
 ``diagnostics``    per-token KL heat maps, KL spike logs, memory against the vocabulary size       12
 =================  ==============================================================================  ========
@@ -62,6 +63,7 @@ from .experiment import (
     plot_toy_frontier,
     plot_toy_token_kl,
     plot_training_paths,
+    plot_trl_kl,
 )
 from .foundations import (
     plot_forward_reverse_fits,
@@ -143,6 +145,7 @@ __all__ = [
     "plot_training_paths",
     "plot_gao_fits",
     "plot_recipe_fixed_points",
+    "plot_trl_kl",
     "plot_optimum_slider",
     "offline_html",
     "OfflineHTML",

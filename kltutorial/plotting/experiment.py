@@ -49,6 +49,7 @@ __all__ = [
     "plot_training_paths",
     "plot_gao_fits",
     "plot_recipe_fixed_points",
+    "plot_trl_kl",
 ]
 
 
@@ -508,4 +509,52 @@ def plot_recipe_fixed_points(
     if title:
         ax.set_title(title)
     _legend_below(ax, ncol=2)
+    return ax
+
+
+def plot_trl_kl(
+    log: Sequence[Mapping[str, float]],
+    monitor: Sequence[Mapping[str, float]],
+    *,
+    ax: Axes | None = None,
+    title: str | None = None,
+) -> Axes:
+    """TRL's logged ``kl`` against the monitoring callback's exact KL over a run, per token (§9).
+
+    Parameters
+    ----------
+    log : sequence of dict
+        TRL's log records, each with ``step`` and ``kl`` (GRPO's: the batch's mean per-token k3, weighted
+        by the importance ratio).
+    monitor : sequence of dict
+        :class:`~kltutorial.integrations.trl.KLMonitorCallback`'s history, each with ``step``,
+        ``exact_kl_per_token``, ``k3_per_token``, ``exact_kl``, ``exact_kl_se`` and ``k3_se``.
+    ax : Axes, optional
+    title : str, optional
+
+    Returns
+    -------
+    Axes
+    """
+    if not log or not monitor:
+        raise ValueError("log and monitor must be non-empty sequences of records")
+    ax = new_axes(ax, figsize=fig_size(3.6))
+    steps = np.array([r["step"] for r in log], dtype=float)
+    ax.plot(steps, [r["kl"] for r in log], color=PALETTE[0], marker="o", markersize=4, linewidth=1.2,
+            label="TRL's logged kl (training batch, mean k3 per token)")
+    m_steps = np.array([r["step"] for r in monitor], dtype=float)
+    per_token = np.array([r["exact_kl_per_token"] for r in monitor], dtype=float)
+    tokens = np.array([r["exact_kl"] / r["exact_kl_per_token"] if r["exact_kl_per_token"] else 1.0
+                       for r in monitor], dtype=float)  # tokens per completion
+    se = np.array([r["exact_kl_se"] or 0.0 for r in monitor], dtype=float) / tokens
+    ax.fill_between(m_steps, per_token - 2 * se, per_token + 2 * se, color=PALETTE[1], alpha=0.25,
+                    linewidth=0)
+    ax.plot(m_steps, per_token, color=PALETTE[1], linestyle="--", linewidth=1.6,
+            label="callback: exact per-token KL at the sampled prefixes (±2 se)")
+    ax.plot(m_steps, [r["k3_per_token"] for r in monitor], color=PALETTE[2], linestyle=":", linewidth=1.6,
+            marker="s", markersize=3, label="callback: mean k3 per token (its own samples)")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("KL per token (nats)")
+    ax.set_title(title or "TRL's kl beside the exact KL")
+    _legend_below(ax, ncol=1)
     return ax

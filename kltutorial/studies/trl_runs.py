@@ -33,7 +33,8 @@ from ..toyrlhf import TaskConfig, make_task
 from ..toyrlhf.recipes import with_reference
 from ..toyrlhf.task import ToyTask
 
-__all__ = ["TRLRun", "RUNS", "book_task", "distilled_model", "make_args", "run", "run_all", "main"]
+__all__ = ["TRLRun", "RUNS", "book_task", "distilled_model", "make_args", "run", "run_all", "read_results",
+           "summary", "format_table", "main"]
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def make_args(spec: TRLRun, output_dir: str) -> Any:
         output_dir=output_dir, per_device_train_batch_size=spec.batch, num_generations=spec.group,
         max_completion_length=5, max_steps=spec.steps, learning_rate=spec.lr, lr_scheduler_type="linear",
         beta=spec.beta, logging_steps=spec.monitor_every or 20, report_to="none", use_cpu=True,
-        save_strategy="no", seed=0, disable_tqdm=True, **spec.extra,
+        save_strategy="no", seed=0, disable_tqdm=True, gradient_checkpointing=False, **spec.extra,
     )
     if spec.trainer == "grpo":
         return trl.GRPOConfig(use_bias_correction_kl=spec.bias_correction, scale_rewards=spec.scale_rewards,
@@ -115,13 +116,16 @@ def _candidate_names(spec: TRLRun) -> dict[str, str]:
             "reverse/" + ("none" if spec.scale_rewards == "group" else "group"): "reverse, other scaling"}
 
 
-def run(spec: TRLRun, task: ToyTask, model_dir: str | os.PathLike) -> dict[str, Any]:
+def run(
+    spec: TRLRun, task: ToyTask, model_dir: str | os.PathLike, *, measure: bool = True
+) -> dict[str, Any]:
     """Train ``spec`` from the network saved in ``model_dir`` and measure where it ended, exactly.
 
-    Returns a dict: ``name``, the settings, ``seconds``, ``own`` (the candidate its configuration
-    predicts), ``kl_to`` (candidate -> KL(trained || candidate), nats), ``kl_ref``, ``proxy``, ``gold``,
-    ``off_task`` (the largest mass outside the task's tokens), ``log`` (TRL's logged ``kl``, ``reward`` and
-    ``entropy`` by step) and, with ``monitor_every``, ``monitor`` (the callback's history).
+    Returns a dict: ``name``, the settings, ``seconds``, ``kl_ref``, ``proxy``, ``gold``, ``off_task``
+    (the largest mass outside the task's tokens), ``log`` (TRL's logged ``kl``, ``reward`` and ``entropy``
+    by step), with ``monitor_every`` ``monitor`` (the callback's history), and with ``measure`` ``own``
+    (the candidate its configuration predicts) and ``kl_to`` (candidate -> KL(trained || candidate),
+    nats).
     """
     import datasets
     import transformers
@@ -152,17 +156,17 @@ def run(spec: TRLRun, task: ToyTask, model_dir: str | os.PathLike) -> dict[str, 
     model = trainer.model
     tables = kt.model_tables(model, tok, net_task)
     logp = ex.sequence_logprobs(net_task.space, tables.table)
-    own = kt.fixed_point(net_task, args)
-    cands = kt.fixed_point_candidates(net_task, args)
-    names = _candidate_names(spec)
-    own_key = next(k for k, v in cands.items() if k in names and torch.equal(v, own))
     log = [{k: rec[k] for k in ("step", "kl", "reward", "entropy") if k in rec}
            for rec in trainer.state.log_history if "kl" in rec]
-    result = {
-        **{k: v for k, v in asdict(spec).items() if k != "extra"},
-        "seconds": round(seconds, 1),
-        "own": names[own_key],
-        "kl_to": {names[k]: ex.sequence_kl(logp, cands[k]) for k in names},
+    result = {**{k: v for k, v in asdict(spec).items() if k != "extra"}, "seconds": round(seconds, 1)}
+    if measure:
+        own = kt.fixed_point(net_task, args)
+        cands = kt.fixed_point_candidates(net_task, args)
+        names = _candidate_names(spec)
+        own_key = next(k for k, v in cands.items() if k in names and torch.equal(v, own))
+        result["own"] = names[own_key]
+        result["kl_to"] = {names[k]: ex.sequence_kl(logp, cands[k]) for k in names}
+    result |= {
         "kl_ref": ex.sequence_kl(logp, net_task.ref_logprobs),
         "proxy": ex.expected_reward(logp, net_task.proxy_reward),
         "gold": ex.expected_reward(logp, net_task.gold_reward),
@@ -172,6 +176,49 @@ def run(spec: TRLRun, task: ToyTask, model_dir: str | os.PathLike) -> dict[str, 
     if monitor is not None:
         result["monitor"] = monitor.history
     return result
+
+
+def read_results(path: str | os.PathLike) -> dict[str, Any]:
+    """The results :func:`main` wrote with ``--json`` (None where a value was NaN)."""
+    return json.loads(Path(path).read_text(encoding="utf8"))
+
+
+def _short(name: str, scale: str) -> str:
+    """A candidate's name in the table: pi*, or fwd/rev with the advantage scale it assumes."""
+    if name == "pi*_beta":
+        return "pi*"
+    other = "none" if scale == "group" else "group"
+    div = "fwd" if name.startswith("forward") else "rev"
+    return f"{div}/{other if 'other scaling' in name else scale}"
+
+
+def summary(result: dict[str, Any]) -> dict[str, Any]:
+    """One run's row of the book's table: its own candidate's KL, the nearest other candidate and its KL,
+    and their ratio (how many times further the nearest other is); candidates by their short names
+    (``pi*``, ``fwd/group``, ``rev/none``, ...)."""
+    scale = "none" if result["trainer"] == "rloo" else result["scale_rewards"]
+    to = {_short(k, scale): v for k, v in result["kl_to"].items()}
+    own_name = _short(result["own"], scale)
+    own = to[own_name]
+    nearest = min((k for k in to if k != own_name), key=to.__getitem__)
+    weighting = "-" if result["trainer"] == "rloo" else ("k3*ratio" if result["bias_correction"] else "k3")
+    return {"name": result["name"], "trainer": result["trainer"], "beta": result["beta"],
+            "weighting": weighting, "scale": "-" if result["trainer"] == "rloo" else scale,
+            "own": own_name, "to_own": own, "nearest": nearest, "to_nearest": to[nearest],
+            "ratio": to[nearest] / own, "to_optimum": to["pi*"], "kl_to": to, "kl_ref": result["kl_ref"],
+            "proxy": result["proxy"], "gold": result["gold"]}
+
+
+def format_table(results: dict[str, Any]) -> str:
+    """The book's table of the stored runs, one line per run (at most 88 characters)."""
+    lines = [f"{'':4} {'beta':>4} {'KL term':>8} {'scale':>5} {'own':>9} {'to own':>6} {'nearest':>9} "
+             f"{'its KL':>6} {'x':>4} {'KL ref':>6} {'proxy':>5} {'gold':>5}"]
+    for r in map(summary, results["runs"]):
+        lines.append(
+            f"{r['trainer'].upper():4} {r['beta']:4.2f} {r['weighting']:>8} {r['scale']:>5} {r['own']:>9} "
+            f"{r['to_own']:6.3f} {r['nearest']:>9} {r['to_nearest']:6.3f} {r['ratio']:4.0f} "
+            f"{r['kl_ref']:6.2f} {r['proxy']:5.2f} {r['gold']:5.2f}")
+    return "\n".join(lines)
 
 
 def run_all(runs=RUNS, *, distill_steps: int = 60) -> dict[str, Any]:
