@@ -208,7 +208,7 @@ def test_exact_gradient_descent_on_trls_loss_reaches_the_fixed_point(bias: bool,
             adv = R.group_advantage_curve(scores, logp, G)
         theta = logits.clone().requires_grad_(True)
         (grad,) = torch.autograd.grad(_trl_expected_loss(space, theta, logits, ref, adv, beta, bias), theta)
-        logits = logits - 4.0 * grad  # the expectation weighs each prefix by its mass: slow rows need a large step
+        logits = logits - 4.0 * grad  # each prefix is weighed by its mass: rare rows need a large step
     reached = ex.sequence_logprobs(space, torch.log_softmax(logits, -1))
     kl = ex.sequence_kl(reached, ex.sequence_logprobs(space, target))
     assert kl < 1e-8, kl  # the group curve is a quadrature, settled to 1e-10 in the advantage
@@ -328,7 +328,8 @@ def test_two_processes_gather_what_one_process_computes(tmp_path: Path) -> None:
     # --multi_gpu is accelerate's torch.distributed launcher; on a machine without GPUs its processes use gloo
     # (--cpu would start one process)
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(tmp_path)]
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script),
+           str(tmp_path)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-4000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
