@@ -17,7 +17,9 @@ fail when one of them is not in a publishable state:
   up to date (tools/myst_eval.py);
 * every figure is a ``{figure}`` of a PNG under book/images/figures/ that the notebook writes with
   ``plotting.save_figure``, and every PNG there belongs to a figure;
-* the table of contents and book/ agree.
+* the table of contents and book/ agree;
+* every stored result under book/data/ is read by a notebook that says so, and the intro names it
+  with the command that regenerates it (the promise of "A book that runs").
 """
 
 from __future__ import annotations
@@ -421,3 +423,65 @@ def test_every_checker_is_used_in_its_section() -> None:
         assert path.is_file(), f"checker {checker.name!r}: no notebook {path.name}"
         calls = [m for _, c in _code_cells(_read(path)) for m in CHECK_CALL.findall(c.source)]
         assert any(m[0] == checker.name for m in calls), f"checker {checker.name!r} unused in {path.name}"
+
+
+# The intro's promise ("A book that runs") names every stored result, with the command of the
+# package that regenerates it; a notebook that reads one says so in its prose.
+DATA = BOOK / "data"
+INTRO = BOOK / "intro.md"
+# a path under book/data/ in a notebook's code: "data/x.json" (run from book/) or "book/data/x.json"
+DATA_READ = re.compile(r"""["'](?:\./)?(?:book/)?data/([\w.\-]+)["']""")
+
+
+def stored_result_problems(intro: str, data_files: list[str],
+                           notebooks: dict[str, tuple[str, str]]) -> list[str]:
+    """What breaks the promise about stored results: a file of ``book/data/`` that ``intro`` does not
+    name with a regenerating ``python -m kltutorial...`` command in one code span ending at it, or
+    that no notebook's code (``notebooks[name] = (code, markdown)``) reads; a file that a notebook
+    reads but that does not exist, or that its prose does not mention."""
+    problems = []
+    for name in data_files:
+        command = re.compile(r"`python -m kltutorial(?:\.\w+)*\s[^`]*\bbook/data/" + re.escape(name) + "`")
+        if not command.search(intro):
+            problems.append(f"book/data/{name}: not named in the intro with the command that regenerates "
+                            f"it (`python -m kltutorial.... --json book/data/{name}`)")
+    read = {name for code, _ in notebooks.values() for name in DATA_READ.findall(code)}
+    problems += [f"book/data/{name}: no notebook reads it" for name in data_files if name not in read]
+    for nb_name, (code, markdown) in notebooks.items():
+        for name in sorted(set(DATA_READ.findall(code))):
+            if name not in data_files:
+                problems.append(f"{nb_name}: reads data/{name}, which book/data/ does not hold")
+            if f"data/{name}" not in markdown:
+                problems.append(f"{nb_name}: reads data/{name} without saying so in its prose")
+    return problems
+
+
+def test_stored_results_are_named_with_their_command() -> None:
+    data_files = sorted(p.name for p in DATA.iterdir() if p.is_file()) if DATA.is_dir() else []
+    notebooks = {}
+    for path in NOTEBOOKS:
+        nb = _read(path)
+        notebooks[path.name] = (
+            "\n".join(c.source for c in nb.cells if c.cell_type == "code"),
+            "\n".join(c.source for c in nb.cells if c.cell_type == "markdown"),
+        )
+    problems = stored_result_problems(INTRO.read_text(encoding="utf8"), data_files, notebooks)
+    assert not problems, "\n".join(problems)
+
+
+def test_stored_result_problems_finds_each_break() -> None:
+    good_intro = "stored: `python -m kltutorial.studies.bench --linear --json book/data/a.json` regenerates"
+    code = 'results = bench.read_linear_results("data/a.json")'
+    prose = "it reads what the command stored, `data/a.json`."
+    assert stored_result_problems(good_intro, ["a.json"], {"x.ipynb": (code, prose)}) == []
+    # a stored file that no notebook reads
+    assert stored_result_problems(good_intro, ["a.json"], {"x.ipynb": ("", prose)})
+    # a stored file the intro does not name, or names without a command of the package
+    assert stored_result_problems("nothing here", ["a.json"], {})
+    assert stored_result_problems("`book/data/a.json`", ["a.json"], {})
+    assert stored_result_problems("`python -m other --json book/data/a.json`", ["a.json"], {})
+    # a command for another file does not count
+    assert stored_result_problems(good_intro, ["a.json", "b.json"], {})
+    # a notebook that reads a file that is not there, or says nothing of it
+    assert stored_result_problems(good_intro, ["a.json"], {"x.ipynb": ('open("data/c.json")', prose)})
+    assert stored_result_problems(good_intro, ["a.json"], {"x.ipynb": (code, "no word of it")})
