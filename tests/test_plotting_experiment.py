@@ -189,3 +189,21 @@ def test_recipe_fixed_points_draws_each_curve_sorted_by_kl_and_the_runs_on_them(
     labels = [t.get_text() for t in ax.figure.legends[0].get_texts()]
     assert labels[:2] == ["optimum", "forward"] and "trained runs" in labels[2]
     assert ax.get_xlabel() == "KL(π ‖ π_ref) (nats)"
+
+
+def test_trl_kl_draws_trls_kl_and_the_callbacks_per_token_values() -> None:
+    log = [{"step": 20, "kl": 0.5}, {"step": 40, "kl": 0.7}]
+    keys = ("step", "exact_kl", "exact_kl_per_token", "exact_kl_se", "k3_per_token")
+    monitor = [dict(zip(keys, (0, 0.0, 0.0, 0.0, 0.0), strict=True)),
+               dict(zip(keys, (20, 2.5, 0.5, 0.1, 0.6), strict=True))]
+    ax = plotting.plot_trl_kl(log, monitor)
+    trl_line, exact_line, k3_line = ax.lines
+    np.testing.assert_allclose(trl_line.get_xdata(), [20, 40])
+    np.testing.assert_allclose(trl_line.get_ydata(), [0.5, 0.7])
+    np.testing.assert_allclose(exact_line.get_ydata(), [0.0, 0.5])
+    np.testing.assert_allclose(k3_line.get_ydata(), [0.0, 0.6])
+    band = ax.collections[0].get_paths()[0].vertices  # ±2 se of the per-token value: 0.1 / 5 tokens
+    assert np.isclose(band[:, 1].max(), 0.5 + 2 * 0.02)
+    assert ax.get_ylabel() == "KL per token (nats)" and ax.get_xlabel() == "training step"
+    with pytest.raises(ValueError, match="non-empty"):
+        plotting.plot_trl_kl([], monitor)

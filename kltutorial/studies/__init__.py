@@ -18,5 +18,7 @@ module                  what it measures                                        
 ``bench``               memory/time benchmark of the log-prob kernels                   12
                         (``python -m kltutorial.studies.bench``)
 ``bench_simulation``    the vectorised §10 model against a one-run-at-a-time loop       12
+``trl_runs``            TRL's GRPOTrainer and RLOOTrainer against their fixed points    9
+                        (``python -m kltutorial.studies.trl_runs``)
 ======================  ==============================================================  ========
 """
