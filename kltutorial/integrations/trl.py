@@ -446,7 +446,9 @@ def monitor_statistics(policy: torch.Tensor, reference: torch.Tensor, kl: torch.
     check's z and the exact entropy per token.
 
     ``policy`` and ``reference`` are the sampled tokens' log-probs, ``kl`` and ``entropy_`` the exact KL
-    and entropy of the next-token distributions at each position, ``mask`` the completion's tokens.
+    and entropy of the next-token distributions at each position, ``mask`` the completion's tokens. A z
+    is NaN when its standard error vanishes (below 1e-12 of the mean's size: a policy so concentrated
+    that every completion of the batch is the same).
     """
     m = mask.bool()
     stats = kl_log_stats(policy, reference, m)
@@ -455,6 +457,10 @@ def monitor_statistics(policy: torch.Tensor, reference: torch.Tensor, kl: torch.
     per_seq = torch.where(m, kl.to(torch.float64), zero).sum(-1)
     tokens = int(m.sum())
     B = per_seq.shape[0]
+
+    def z(mean: float, se: float) -> float:  # NaN when the batch has no spread (every sample the same)
+        return mean / se if se > 1e-12 * max(1.0, abs(mean)) else math.nan
+
     return {
         "exact_kl": float(per_seq.mean()),
         "exact_kl_se": float(per_seq.std() / math.sqrt(B)) if B > 1 else math.nan,
@@ -464,8 +470,8 @@ def monitor_statistics(policy: torch.Tensor, reference: torch.Tensor, kl: torch.
         "k3": stats.k3,
         "k3_se": stats.k3_se,
         "k3_per_token": stats.k3 * B / tokens,
-        "gap_z": stats.gap / stats.gap_se if stats.gap_se > 0 else math.nan,
-        "check_z": d / d_se if d_se > 0 else math.nan,
+        "gap_z": z(stats.gap, stats.gap_se),
+        "check_z": z(d, d_se),
         "entropy_per_token": float(torch.where(m, entropy_.to(torch.float64), zero).sum()) / tokens,
     }
 

@@ -34,7 +34,7 @@ from ..toyrlhf.recipes import with_reference
 from ..toyrlhf.task import ToyTask
 
 __all__ = ["TRLRun", "RUNS", "book_task", "distilled_model", "make_args", "run", "run_all", "read_results",
-           "summary", "format_table", "main"]
+           "summary", "label", "CANDIDATES", "format_table", "format_outcomes", "main"]
 
 
 @dataclass(frozen=True)
@@ -145,6 +145,7 @@ def run(
         cls = trl.GRPOTrainer if spec.trainer == "grpo" else trl.RLOOTrainer
         trainer = cls(model=model_dir, reward_funcs=kt.reward_function(task), args=args, train_dataset=data,
                       processing_class=tok)
+        trainer.remove_callback(transformers.PrinterCallback)  # the log goes to the result, not stdout
         monitor = None
         if spec.monitor_every:
             monitor = kt.KLMonitorCallback(trainer, [tok.bos_token], samples_per_prompt=spec.batch,
@@ -209,15 +210,34 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
             "proxy": result["proxy"], "gold": result["gold"]}
 
 
+CANDIDATES: tuple[str, ...] = ("pi*", "fwd/none", "fwd/group", "rev/none", "rev/group")
+
+
+def label(row: dict[str, Any]) -> str:
+    """A run's short label, e.g. ``GRPO 0.04 k3*ratio group`` or ``RLOO 0.05``."""
+    if row["trainer"] == "rloo":
+        return f"RLOO {row['beta']:.2f}"
+    return f"GRPO {row['beta']:.2f} {row['weighting']} {row['scale']}"
+
+
 def format_table(results: dict[str, Any]) -> str:
-    """The book's table of the stored runs, one line per run (at most 88 characters)."""
-    lines = [f"{'':4} {'beta':>4} {'KL term':>8} {'scale':>5} {'own':>9} {'to own':>6} {'nearest':>9} "
-             f"{'its KL':>6} {'x':>4} {'KL ref':>6} {'proxy':>5} {'gold':>5}"]
+    """The book's first table: each run's exact KL to every candidate (its own marked ``*``) and how
+    many times further the nearest other candidate is than its own (at most 88 characters a line)."""
+    lines = [f"{'run':24} " + " ".join(f"{c:>9}" for c in CANDIDATES) + f" {'x':>5}"]
     for r in map(summary, results["runs"]):
-        lines.append(
-            f"{r['trainer'].upper():4} {r['beta']:4.2f} {r['weighting']:>8} {r['scale']:>5} {r['own']:>9} "
-            f"{r['to_own']:6.3f} {r['nearest']:>9} {r['to_nearest']:6.3f} {r['ratio']:4.0f} "
-            f"{r['kl_ref']:6.2f} {r['proxy']:5.2f} {r['gold']:5.2f}")
+        cells = [(f"{r['kl_to'][c]:8.3f}" + ("*" if c == r["own"] else " ")) if c in r["kl_to"] else
+                 f"{'-':>8} " for c in CANDIDATES]
+        lines.append(f"{label(r):24} " + " ".join(cells) + f" {r['ratio']:5.1f}")
+    return "\n".join(lines)
+
+
+def format_outcomes(results: dict[str, Any]) -> str:
+    """The book's second table: each run's exact KL to the reference, expected proxy and gold reward,
+    and the largest mass its network puts outside the task's tokens."""
+    lines = [f"{'run':24} {'KL ref':>7} {'proxy':>6} {'gold':>6} {'off-task':>9}"]
+    for res, r in zip(results["runs"], map(summary, results["runs"]), strict=True):
+        lines.append(f"{label(r):24} {r['kl_ref']:7.2f} {r['proxy']:6.2f} {r['gold']:6.2f}"
+                     f" {res['off_task']:9.1e}")
     return "\n".join(lines)
 
 
