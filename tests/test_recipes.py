@@ -46,7 +46,8 @@ def _small(seed: int = 0, V: int = 3, T: int = 3):
 def test_the_recipes_of_the_book_are_registered_with_their_fixed_points() -> None:
     want = {
         "reinforce-k1-reward": "optimum", "ppo-k1-reward": "optimum", "rloo-k1-reward": "optimum",
-        "ppo-k3-reward": None, "grpo-k3-loss": "forward", "dr-grpo-k3-loss": "forward",
+        "ppo-k3-reward": None, "grpo-k3-loss": "forward", "grpo-k3ratio-loss": "reverse",
+        "dr-grpo-k3-loss": "forward",
         "dr-grpo-k2-loss": "reverse", "dr-grpo-k3plus-loss": "reverse", "dr-grpo-k1-loss": None,
     }
     assert set(want) <= set(R.RECIPES)
@@ -97,7 +98,8 @@ def test_expected_gradient_vanishes_at_each_fixed_point_and_not_at_the_reference
     assert at_ref.abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("recipe", ["rloo-k1-reward", "dr-grpo-k2-loss", "dr-grpo-k3-loss", "grpo-k3-loss"])
+@pytest.mark.parametrize("recipe", ["rloo-k1-reward", "dr-grpo-k2-loss", "dr-grpo-k3-loss", "grpo-k3-loss",
+                                    "grpo-k3ratio-loss"])
 def test_exact_gradient_descent_reaches_the_fixed_point_on_a_small_space(recipe: str) -> None:
     space, ref, scores = _small(3, V=3, T=2)
     beta, group = 0.5, 4

@@ -103,6 +103,8 @@ def _check_settings(spec: RecipeSpec, settings: object | None, config: TrainConf
             f"dataclasses.replace(get_recipe({spec.name!r}).settings, ...)), got {type(settings).__name__}"
         )
     fixed = {"estimator": spec.estimator, "scale_by_std": spec.std_scaled}
+    if hasattr(spec.settings, "kl_weight"):  # grpo-k3ratio-loss is GRPO with kl_weight="ratio"
+        fixed["kl_weight"] = spec.settings.kl_weight
     for name, want in fixed.items():
         if hasattr(settings, name) and getattr(settings, name) != want:
             got = getattr(settings, name)

@@ -10,6 +10,10 @@ r"""Where each recipe's expected on-policy gradient vanishes, exactly, and that 
   \mathrm{KL}_\mathrm{fwd}`; the per-token forward KL's fixed point with :math:`c = \beta G/(G-1)`;
 * ``grpo-k3-loss``: the same with the score replaced by GRPO's expected advantage :math:`g_\pi(s)`
   (below); forward, :math:`c = \beta`;
+* ``grpo-k3ratio-loss``: GRPO with k3 weighted by the differentiable importance ratio (TRL 1.16's
+  default ``use_bias_correction_kl=True``): on policy the term's expected gradient is that of
+  :math:`\mathbb{E}_\pi[k_3]`, the per-token reverse KL, so the reverse fixed point with GRPO's
+  :math:`g_\pi(s)`, :math:`c = \beta`;
 * ``dr-grpo-k1-loss``: :math:`-\tfrac{G-1}{G}\nabla\mathbb{E}[s]`; no fixed point, no regulariser.
 
 :math:`\nabla^\mathrm{tok}` is the gradient of the per-token KLs with the prefixes' probabilities held
@@ -287,7 +291,11 @@ def expected_gradient(
             effective = group_advantage_curve(scores, logp, g, eps=spec.settings.eps)
         else:
             effective = scores if g is None else (g - 1) / g * scores
-        loss = grpo_style_loss(space, theta, ref_table, effective, beta, estimator=spec.estimator)
+        # k3 weighted by the differentiable ratio (TRL's use_bias_correction_kl) has the expected
+        # gradient of E_pi[k3], the per-token reverse KL's: k2's (grpo.py's module docstring)
+        weighted = getattr(spec.settings, "kl_weight", "none") == "ratio" and spec.estimator == "k3"
+        loss = grpo_style_loss(space, theta, ref_table, effective, beta,
+                               estimator="k2" if weighted else spec.estimator)
     return torch.autograd.grad(loss, theta)[0]
 
 

@@ -75,6 +75,9 @@ _SPECS = (
     RecipeSpec("grpo-k3-loss", "grpo", "loss", "k3", GRPOSettings(), "forward",
                "GRPO: group advantage (s - mean) / std, clipped ratio, beta * k3 in the loss",
                std_scaled=True),
+    RecipeSpec("grpo-k3ratio-loss", "grpo", "loss", "k3", GRPOSettings(kl_weight="ratio"), "reverse",
+               "GRPO with TRL 1.16's default use_bias_correction_kl: beta * ratio * k3 in the loss "
+               "(the per-token reverse KL's gradient)", std_scaled=True),
     RecipeSpec("dr-grpo-k3-loss", "grpo", "loss", "k3", GRPOSettings(scale_by_std=False), "forward",
                "Dr. GRPO: group advantage s - mean (no std), beta * k3 in the loss"),
     RecipeSpec("dr-grpo-k2-loss", "grpo", "loss", "k2", GRPOSettings(estimator="k2", scale_by_std=False),
