@@ -54,9 +54,10 @@ concatenates the last two), and so does Cut Cross-Entropy's vocab-parallel mode;
 split, so its volume grows with R too. The gather's volume grows with R (4 (R - 1) numbers received
 per position, against about 6 (R - 1) / R for Megatron's three ring all-reduces, which carry the
 log-probs only, no entropy), so the all-reduces move less at every R >= 2. Either way it is small
-beside the backward: each rank computes its own slice's weight gradient locally, and one ``all_reduce`` sums the hidden states' gradient, H numbers per position (Megatron and
-verl do the same sum, outside the loss, in the backward of the column-parallel output layer; Cut
-Cross-Entropy does it inside). Every rank must then receive the same upstream gradient (as when each
+beside the backward: each rank computes its own slice's weight gradient locally, and one
+``all_reduce`` sums the hidden states' gradient, H numbers per position (Megatron and verl do
+the same sum, outside the loss, in the backward of the column-parallel output layer; Cut Cross-Entropy
+does it inside). Every rank must then receive the same upstream gradient (as when each
 rank computes the same loss from the replicated result). Before any of this, one small
 ``all_gather_object`` checks that the ranks agree (shapes, temperature, the same hidden states and
 tokens, slices that cover the vocabulary), so that a bad input fails on every rank at once with the
