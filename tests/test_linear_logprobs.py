@@ -311,6 +311,24 @@ def _rank_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
                 errors[name] = None
             except ValueError as err:
                 errors[name] = str(err)
+        # the exchanges of one good forward call, as the module docstring counts them
+        calls: list[str] = []
+        originals = {f: getattr(dist, f) for f in ("all_gather_object", "all_gather", "all_reduce")}
+
+        def counted(f):
+            def call(*args, **kwargs):
+                calls.append(f)
+                return originals[f](*args, **kwargs)
+            return call
+
+        try:
+            for f in originals:
+                setattr(dist, f, counted(f))
+            linear_logprobs(hidden, weight[lo:hi], tokens, group=group, return_entropy=True)
+        finally:
+            for f, original in originals.items():
+                setattr(dist, f, original)
+        errors["collectives"] = ",".join(calls)
     finally:
         with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
             pickle.dump(errors, f)
@@ -346,6 +364,11 @@ def test_two_gloo_ranks_agree_with_one_process():
         assert max_err(r.kl, kl) < 1e-10
         assert max_err(r.grad_hidden, h.grad) < 1e-10  # the whole hidden-state gradient on every rank
         assert r.grad_weight.shape == (hi - lo, 16) and max_err(r.grad_weight, w.grad[lo:hi]) < 1e-10
+
+
+def test_two_gloo_ranks_forward_makes_two_exchanges(two_ranks_errors):
+    """A forward call makes the agreement check and one gather of the statistics, nothing else."""
+    assert [e["collectives"] for e in two_ranks_errors] == ["all_gather_object,all_gather"] * 2
 
 
 def test_two_gloo_ranks_reject_bad_input_together(two_ranks_errors):
