@@ -170,9 +170,10 @@ def test_rloo_stops_at_the_optimum_whatever_the_normalisation(task) -> None:
 
 
 def test_loss_type_and_iterations_do_not_move_the_point(task) -> None:
-    ref = kt.fixed_point(task, _grpo())
-    for kw in ({"loss_type": "grpo"}, {"loss_type": "dr_grpo"}, {"loss_type": "bnpo"}, {"num_iterations": 4}):
-        assert torch.equal(kt.fixed_point(task, _grpo(**kw)), ref), kw
+    ref = kt.fixed_point(task, _grpo(scale_rewards="none"))  # unscaled: the mapping, quickly
+    for kw in ({"loss_type": "grpo"}, {"loss_type": "dr_grpo"}, {"loss_type": "bnpo"}, {"num_iterations": 4},
+               {"epsilon": 0.3}):
+        assert torch.equal(kt.fixed_point(task, _grpo(scale_rewards="none", **kw)), ref), kw
 
 
 def _trl_expected_loss(space, theta, old_logits, ref_table, advantage, beta, bias: bool) -> torch.Tensor:
@@ -229,7 +230,7 @@ def test_exact_gradient_descent_on_trls_loss_reaches_the_fixed_point(bias: bool,
     (lambda: _grpo(mask_truncated_completions=True), "mask_truncated_completions"),
     (lambda: _grpo(sync_ref_model=True), "sync_ref_model"),
     (lambda: _rloo(reward_clip_range=(-1.0, 1.0)), "reward_clip_range"),
-    (lambda: _rloo(num_generations=1), "num_generations"),
+    (lambda: _rloo(temperature=0.5), "temperature"),
 ])
 def test_fixed_point_names_the_setting_it_cannot_compute(task, args, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -294,7 +295,7 @@ def test_the_callbacks_exact_kl_is_the_enumerated_one(task) -> None:
             assert sample.reference[i, t] == pytest.approx(float(tq[row, y]), abs=1e-6)
             code = code * V + y
             n_checked += 1
-    assert n_checked > 1000
+    assert n_checked > 500  # positions before any special token (a random network samples them)
     stats = cb.statistics(sample)
     assert stats == kt.monitor_statistics(sample.policy, sample.reference, sample.kl, sample.entropy,
                                           sample.mask)
