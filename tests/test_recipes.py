@@ -158,8 +158,8 @@ def test_k1_reward_fixed_point_is_the_optimum(task) -> None:
         ({"recipe": "dr-grpo-k3-loss", "beta": -1.0}, "beta"),
         ({"recipe": "dr-grpo-k3-loss", "beta": 0.3, "group_size": 1}, "group_size"),
         ({"recipe": "ppo-k1-reward", "beta": 0.3, "group_size": 4}, "group_size"),
-        ({"recipe": "dr-grpo-k1-loss", "beta": 0.3}, "no fixed point"),
-        ({"recipe": "ppo-k3-reward", "beta": 0.3}, "no fixed point"),
+        ({"recipe": "dr-grpo-k1-loss", "beta": 0.3}, "no stable fixed point"),
+        ({"recipe": "ppo-k3-reward", "beta": 0.3}, "repels on both sides"),
     ],
 )
 def test_recipe_fixed_point_rejects_bad_input(kwargs, match, task) -> None:

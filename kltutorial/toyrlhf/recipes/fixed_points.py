@@ -3,7 +3,7 @@ r"""Where each recipe's expected on-policy gradient vanishes, exactly, and that 
 * ``reinforce-k1-reward``, ``ppo-k1-reward``, ``rloo-k1-reward``: the loss's expected gradient is
   :math:`-\nabla(\mathbb{E}[s] - \beta\,\mathrm{KL})`, and the fixed point :math:`\pi^*_\beta`;
 * ``ppo-k3-reward``: :math:`-\nabla\mathbb{E}[s] + \beta(\nabla\mathrm{KL} -
-  \nabla^\mathrm{tok}\mathrm{KL}_\mathrm{fwd})`; no fixed point (see below);
+  \nabla^\mathrm{tok}\mathrm{KL}_\mathrm{fwd})`; no stable fixed point (see below);
 * ``dr-grpo-k2-loss``, ``dr-grpo-k3plus-loss``: :math:`-\tfrac{G-1}{G}\nabla\mathbb{E}[s] +
   \beta\nabla^\mathrm{tok}\mathrm{KL}`; the per-token reverse KL's fixed point with :math:`c = \beta G/(G-1)`;
 * ``dr-grpo-k3-loss``: :math:`-\tfrac{G-1}{G}\nabla\mathbb{E}[s] + \beta\nabla^\mathrm{tok}
@@ -34,12 +34,15 @@ fixed (:func:`~kltutorial.exact.placement.penalty_gradients`). The coefficients:
   :math:`\pi_\mathrm{ref}`. For a large group :math:`g_\pi(x) \to (x - \mathbb{E}_\pi s)/\sigma_\pi`;
   at G = 16 on a concentrated policy, where many groups tie, it is far from that limit.
 
-No fixed point for two recipes. ``dr-grpo-k1-loss``: k1's expected gradient in the loss is 0, so nothing
-holds the policy and it climbs the score until it is deterministic. ``ppo-k3-reward``: as a reward, k3's
+No stable fixed point for two recipes. ``dr-grpo-k1-loss``: k1's expected gradient in the loss is 0, so
+nothing holds the policy and it climbs the score until it is deterministic. ``ppo-k3-reward``: as a reward, k3's
 per-token value :math:`\rho/\pi - 1 + \log(\pi/\rho)` grows like :math:`\rho/\pi` as a token's probability
 :math:`\pi` falls below the reference's :math:`\rho`, so a token pushed down is penalised *more* when it is
 sampled, and pushed down further: the penalty rewards dropping tokens (its gradient subtracts the forward
-KL's), and there is no stable point with every token kept.
+KL's), and the point where the expected gradient vanishes repels on both sides: with V = 2, T = 1,
+:math:`\pi_\mathrm{ref} = (0.5, 0.5)`, scores (1, 0) and :math:`\beta = 0.3` it is
+:math:`\pi = (0.079, 0.921)`, and a policy on either side of it moves away. Where such a run ends depends on :math:`\beta` and on the
+schedule, not on a fixed point.
 """
 
 from __future__ import annotations
@@ -221,7 +224,7 @@ def fixed_point_table(
     beta = check_positive(beta, "beta")
     g = _group_size(spec, group_size)
     if spec.fixed_point is None:
-        raise ValueError(f"{spec.name} has no fixed point with every token kept: {spec.why_none}")
+        raise ValueError(f"{spec.name} has no stable fixed point with every token kept: {spec.why_none}")
     if spec.fixed_point == "optimum":
         ref_logprobs = ex.sequence_logprobs(space, ref_table)
         return ex.next_token_logprobs(space, ex.optimal_policy(ref_logprobs, scores, beta))

@@ -48,7 +48,7 @@ class PPOSettings:
     """PPO's own settings; the defaults are TRL's and OpenRLHF's except where a comment says why not."""
 
     estimator: str = "k1"  # the per-token penalty in the reward: k1, or k3 (TRL's kl_estimator="k3")
-    lam: float = 0.95  # GAE's lambda (TRL, OpenRLHF); gamma is 1
+    lam: float = 0.95  # GAE's lambda (TRL's PPO up to v1.9; OpenRLHF's default is 1 since v0.6.4); gamma is 1
     clip: float = 0.2  # epsilon of the clipped ratio (TRL's cliprange, OpenRLHF's eps_clip)
     epochs: int = 4  # passes over each batch (TRL's ppo_epochs / num_ppo_epochs)
     minibatches: int = 1  # minibatches per pass (TRL's num_mini_batches)

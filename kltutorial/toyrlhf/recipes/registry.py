@@ -19,7 +19,9 @@ _NO_REGULARISER = (
 )
 _K3_REWARD = (
     "as a reward, k3 grows like pi_ref/pi as a token falls below the reference, so a token pushed down is "
-    "pushed down further; its expected gradient is the sequence KL's minus the per-token forward KL's"
+    "pushed down further; its expected gradient is the sequence KL's minus the per-token forward KL's, and "
+    "the point where it vanishes repels on both sides (V = 2, T = 1, ref (0.5, 0.5), scores (1, 0), "
+    "beta 0.3: pi = (0.079, 0.921))"
 )
 
 
