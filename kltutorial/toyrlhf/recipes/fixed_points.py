@@ -35,14 +35,15 @@ fixed (:func:`~kltutorial.exact.placement.penalty_gradients`). The coefficients:
   at G = 16 on a concentrated policy, where many groups tie, it is far from that limit.
 
 No stable fixed point for two recipes. ``dr-grpo-k1-loss``: k1's expected gradient in the loss is 0, so
-nothing holds the policy and it climbs the score until it is deterministic. ``ppo-k3-reward``: as a reward, k3's
+nothing holds the policy and it climbs the score until it is
+deterministic. ``ppo-k3-reward``: as a reward, k3's
 per-token value :math:`\rho/\pi - 1 + \log(\pi/\rho)` grows like :math:`\rho/\pi` as a token's probability
 :math:`\pi` falls below the reference's :math:`\rho`, so a token pushed down is penalised *more* when it is
 sampled, and pushed down further: the penalty rewards dropping tokens (its gradient subtracts the forward
 KL's), and the point where the expected gradient vanishes repels on both sides: with V = 2, T = 1,
 :math:`\pi_\mathrm{ref} = (0.5, 0.5)`, scores (1, 0) and :math:`\beta = 0.3` it is
-:math:`\pi = (0.079, 0.921)`, and a policy on either side of it moves away. Where such a run ends depends on :math:`\beta` and on the
-schedule, not on a fixed point.
+:math:`\pi = (0.079, 0.921)`, and a policy on either side of it moves away. Where such a run ends
+depends on :math:`\beta` and on the schedule, not on a fixed point.
 """
 
 from __future__ import annotations
