@@ -83,6 +83,7 @@ __all__ = [
     "fixed_point",
     "fixed_point_candidates",
     "KLMonitorCallback",
+    "MonitorSample",
     "monitor_statistics",
 ]
 
@@ -430,7 +431,12 @@ def fixed_point_candidates(
 
 
 @dataclass(frozen=True)
-class _Sample:
+class MonitorSample:
+    """The completions :class:`KLMonitorCallback` sampled on one rank and their per-token tensors, each of
+    shape (B, T): ``tokens`` (the ids, padded after an EOS), ``policy`` and ``reference`` (the sampled
+    tokens' log-probs), ``kl`` and ``entropy`` (exact, of the next-token distributions at each position)
+    and ``mask`` (the completion's tokens, its EOS included)."""
+
     tokens: torch.Tensor  # (B, T) the completions' token ids, padded after an EOS
     policy: torch.Tensor  # (B, T) log-probs of the sampled tokens
     reference: torch.Tensor  # (B, T)
@@ -491,7 +497,7 @@ class KLMonitorCallback(transformers.TrainerCallback):
 
     The numbers are logged with ``trainer.log``, prefixed ``kltutorial/``, so every ``report_to`` sink gets
     them; a TRL trainer's ``log`` adds its own metrics averaged since its last log, ``kl`` among them, to the
-    same record. They are also kept in :attr:`history`, one dict per monitored step. TRL's GRPO ``kl`` is
+    same record. They are also kept in ``history``, one dict per monitored step. TRL's GRPO ``kl`` is
     the mean per-token k3 of its training batch (weighted by the importance ratio, 1 on policy, when
     ``use_bias_correction_kl``), RLOO's the mean per-token k1: compare them with ``k3_per_token`` and
     ``exact_kl_per_token``.
@@ -547,7 +553,7 @@ class KLMonitorCallback(transformers.TrainerCallback):
             raise ValueError("the trainer has no processing_class (tokenizer) to read the prompts with")
         return tok
 
-    def sample(self, step: int) -> _Sample:
+    def sample(self, step: int) -> MonitorSample:
         """This rank's completions at ``step`` and their per-token tensors (B_rank, max_new_tokens)."""
         acc = getattr(self.trainer, "accelerator", None)
         rank, world = (acc.process_index, acc.num_processes) if acc is not None else (0, 1)
@@ -558,7 +564,7 @@ class KLMonitorCallback(transformers.TrainerCallback):
         return _sample_completions(model, ref, tok, mine, self.samples_per_prompt, self.max_new_tokens,
                                    seed=hash((self.seed, step, rank)) % (2**63))
 
-    def statistics(self, sample: _Sample) -> dict[str, float]:
+    def statistics(self, sample: MonitorSample) -> dict[str, float]:
         """:func:`monitor_statistics` of ``sample`` gathered from every rank."""
         acc = getattr(self.trainer, "accelerator", None)
         tensors = (sample.policy, sample.reference, sample.kl, sample.entropy, sample.mask.to(torch.float64))
@@ -579,7 +585,7 @@ class KLMonitorCallback(transformers.TrainerCallback):
 
 @torch.no_grad()
 def _sample_completions(model: torch.nn.Module, ref: torch.nn.Module, tok: Any, prompts: Sequence[str],
-                        n: int, max_new_tokens: int, *, seed: int) -> _Sample:
+                        n: int, max_new_tokens: int, *, seed: int) -> MonitorSample:
     device = next(model.parameters()).device
     model.eval()
     T = max_new_tokens
@@ -610,7 +616,7 @@ def _sample_completions(model: torch.nn.Module, ref: torch.nn.Module, tok: Any, 
         lp = torch.log_softmax(model(input_ids=full, attention_mask=attn).logits[:, L - 1 : -1].float(), -1)
         lq = torch.log_softmax(ref(input_ids=full, attention_mask=attn).logits[:, L - 1 : -1].float(), -1)
         token = completion.unsqueeze(-1)
-        parts.append(_Sample(
+        parts.append(MonitorSample(
             tokens=completion.cpu(),
             policy=lp.gather(-1, token).squeeze(-1).double().cpu(),
             reference=lq.gather(-1, token).squeeze(-1).double().cpu(),
@@ -619,4 +625,4 @@ def _sample_completions(model: torch.nn.Module, ref: torch.nn.Module, tok: Any, 
             mask=mask.cpu(),
         ))
     fields = ("tokens", "policy", "reference", "kl", "entropy", "mask")
-    return _Sample(*(torch.cat([getattr(s, f) for s in parts]) for f in fields))
+    return MonitorSample(*(torch.cat([getattr(s, f) for s in parts]) for f in fields))

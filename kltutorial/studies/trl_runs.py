@@ -76,7 +76,7 @@ def book_task() -> ToyTask:
                      data_rng=np.random.default_rng([0, config.n_pairs, 0]))
 
 
-def distilled_model(task: ToyTask, directory: str | os.PathLike, *, steps: int = 60, lr: float = 1e-2,
+def distilled_model(task: ToyTask, directory: str | Path, *, steps: int = 60, lr: float = 1e-2,
                     seed: int = 0) -> float:
     """Build the toy network, distil it to ``task``'s reference and save it with its tokenizer to
     ``directory`` (TRL's trainers load the policy and the reference from there). Returns the fit's KL."""
@@ -117,7 +117,7 @@ def _candidate_names(spec: TRLRun) -> dict[str, str]:
 
 
 def run(
-    spec: TRLRun, task: ToyTask, model_dir: str | os.PathLike, *, measure: bool = True
+    spec: TRLRun, task: ToyTask, model_dir: str | Path, *, measure: bool = True
 ) -> dict[str, Any]:
     """Train ``spec`` from the network saved in ``model_dir`` and measure where it ended, exactly.
 
@@ -179,8 +179,8 @@ def run(
     return result
 
 
-def read_results(path: str | os.PathLike) -> dict[str, Any]:
-    """The results :func:`main` wrote with ``--json`` (None where a value was NaN)."""
+def read_results(path: str | Path) -> dict[str, Any]:
+    """The results the command line wrote with ``--json`` (None where a value was NaN)."""
     return json.loads(Path(path).read_text(encoding="utf8"))
 
 
