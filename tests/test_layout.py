@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -113,3 +114,26 @@ def test_the_checks_can_fail(tmp_path: Path) -> None:
         PACKAGE = saved
     assert found == [("kltutorial.studies.control", ["_plant"]), ("kltutorial", ["exact"])]
     assert set().union(*(_part(m, n) for m, n in found)) == {"studies", "exact"}
+
+
+# A control character in a source file is almost always an escape that lost its backslash: "\b" of
+# "\beta" written into a file as a backspace, which MathJax then cannot typeset on the API page.
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+TEXT_SOURCES = sorted(
+    p for pattern in ("kltutorial/**/*.py", "tests/**/*.py", "tools/**/*.py", "book/*.md", "book/*.ipynb",
+                      "book/*.bib", "*.md", "*.yml", "*.toml")
+    for p in PACKAGE.parent.glob(pattern)
+)
+
+
+@pytest.mark.parametrize("path", TEXT_SOURCES, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_no_control_character_in_a_source_file(path: Path) -> None:
+    text = path.read_text(encoding="utf8")
+    if path.suffix == ".ipynb":  # JSON writes a control character as an escape: read the cells
+        text = "\n".join("".join(cell["source"]) for cell in json.loads(text)["cells"])
+    bad = [(text.count("\n", 0, m.start()) + 1, repr(m.group())) for m in CONTROL.finditer(text)]
+    assert not bad, f"{path.name}: control characters (line, char) {bad[:5]}; an escape lost its backslash?"
+
+
+def test_the_control_character_check_sees_a_backspace() -> None:
+    assert CONTROL.search(":math:`c = \beta`") and not CONTROL.search(r":math:`c = \beta`\n\t")

@@ -174,14 +174,14 @@ def loss_fixed_point_table(
     per-token ``divergence`` (``"forward"`` for k3, ``"reverse"`` for k2, k3+ or k3 weighted by the
     differentiable ratio):
 
-    * ``scale="none"`` (Dr. GRPO): the per-token fixed point with :math:`c = eta G/(G-1)`
-      (:math:`c = eta` without a group, ``group_size=None``);
-    * ``"group"`` (GRPO): the score replaced by :math:`g_\pi(s)`, :math:`c = eta`, solved
+    * ``scale="none"`` (Dr. GRPO): the per-token fixed point with :math:`c = \beta G/(G-1)`
+      (:math:`c = \beta` without a group, ``group_size=None``);
+    * ``"group"`` (GRPO): the score replaced by :math:`g_\pi(s)`, :math:`c = \beta`, solved
       self-consistently (:func:`group_advantage_curve`);
     * ``"batch"`` (TRL's ``scale_rewards="batch"``): the group-mean advantage divided by the std of the
       whole batch's scores, taken as the policy's own score std :math:`\sigma_\pi` (for a batch of B the
       difference is :math:`O(1/B)`: the batch std includes the sample, and Bessel's correction does not make
-      the std unbiased), so :math:`c = eta\,\sigma_\pi G/(G-1)`, also solved self-consistently.
+      the std unbiased), so :math:`c = \beta\,\sigma_\pi G/(G-1)`, also solved self-consistently.
 
     Raises ValueError for an unknown ``divergence`` or ``scale``.
     """
