@@ -52,8 +52,9 @@ any other way (uniformly, say) the log-ratio's mean is not a KL and can be negat
   :math:`\Delta` to cancellation.
 - **Straight-through** ``+`` names are verl's: ``k2 - k2.detach() + value.detach()``, so the value is
   the estimator's (clamped, if asked) and the gradient k2's, the gradient of :math:`\mathrm{KL}(\pi \|
-  \pi_{\mathrm{ref}})` in expectation. verl added them in its PR #2953 (2025); until PR #6058 (April 2026)
-  they raised ``NotImplementedError``, because the suffix reached the dispatch unstripped.
+  \pi_{\mathrm{ref}})` in expectation. verl added them in its PR #2953 (August 2025, v0.6.0); up to v0.7.1
+  they raised ``NotImplementedError``, because the suffix reached the dispatch unstripped; v0.8.0 and
+  later strip it first (read in the releases' ``core_algos.py``).
 - **Importance weight.** With the KL in the loss, PPO's and GRPO's later epochs score tokens sampled from
   an earlier policy :math:`\pi_{\mathrm{old}}`, and k2's gradient is unbiased only on-policy. OpenRLHF's
   ``compute_approx_kl(..., log_probs_old, unbiased_gradient=True)`` (PR #1309, August 2026) keeps the

@@ -319,6 +319,21 @@ def test_the_callback_rejects_bad_input(task, small_model) -> None:
         kt.KLMonitorCallback(_StubTrainer(model, model, tok), ["<s>"], every=0)
     with pytest.raises(TypeError, match="Trainer"):
         kt.KLMonitorCallback(object(), ["<s>"])
+    sharded = _StubTrainer(model, model, tok)  # FSDP: a rank cannot generate alone
+    sharded.accelerator = type("A", (), {"state": type("S", (), {"fsdp_plugin": object()})()})()
+    with pytest.raises(ValueError, match="FSDP"):
+        kt.KLMonitorCallback(sharded, ["<s>"])
+
+
+def test_a_rank_without_prompts_samples_nothing(task, small_model) -> None:
+    """More processes than prompts: the rank that holds none returns empty (0, T) tensors to gather."""
+    model, tok = small_model
+    cb = kt.KLMonitorCallback(_StubTrainer(model, model, tok), ["<s>"], samples_per_prompt=4,
+                              max_new_tokens=5)
+    cb.trainer.accelerator = type("A", (), {"process_index": 1, "num_processes": 2,
+                                            "unwrap_model": staticmethod(lambda m: m)})()
+    empty = cb.sample(0)
+    assert empty.policy.shape == (0, 5) and empty.mask.dtype == torch.bool
 
 
 def test_two_processes_gather_what_one_process_computes(tmp_path: Path) -> None:
@@ -346,5 +361,6 @@ def test_two_processes_gather_what_one_process_computes(tmp_path: Path) -> None:
             for k, v in one.items():
                 same = (math.isnan(v) and math.isnan(logged[k])) or logged[k] == pytest.approx(v, abs=1e-12)
                 assert same, (k, logged[k], v)
-        assert len(joined[0]) == 2 * len(parts[0][0])
+        # three prompts over two ranks: rank 0 sampled two of them, rank 1 one, all three were gathered
+        assert [len(p[0]) for p in parts] == [2 * 24, 24]
     assert json.loads((tmp_path / "log0.json").read_text())  # TRL's own log held the callback's records

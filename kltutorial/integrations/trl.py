@@ -493,7 +493,9 @@ class KLMonitorCallback(transformers.TrainerCallback):
     (:func:`~kltutorial.logprobs.exact_kl`) and the policy's exact entropy; then
     :func:`monitor_statistics`. Under several processes (``accelerate launch``) each rank samples its share
     of the prompts (prompt ``i`` on rank ``i mod R``), the per-token tensors are gathered, and every rank
-    computes the same numbers from all of them.
+    computes the same numbers from all of them (a rank may hold more prompts than another, or none). Not
+    under DeepSpeed ZeRO-3 or FSDP, whose sharded parameters need every rank in every forward pass, while
+    here each rank generates for its own prompts only.
 
     The numbers are logged with ``trainer.log``, prefixed ``kltutorial/``, so every ``report_to`` sink gets
     them; a TRL trainer's ``log`` adds its own metrics averaged since its last log, ``kl`` among them, to the
@@ -529,6 +531,13 @@ class KLMonitorCallback(transformers.TrainerCallback):
                             ("every", every)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        state = getattr(getattr(trainer, "accelerator", None), "state", None)
+        zero = getattr(getattr(state, "deepspeed_plugin", None), "zero_stage", None)
+        if getattr(state, "fsdp_plugin", None) is not None or zero == 3:
+            raise ValueError(
+                "KLMonitorCallback generates each rank's prompts on that rank alone, which FSDP and DeepSpeed "
+                "ZeRO-3 cannot run (their sharded parameters need every rank in every forward pass)"
+            )
         ref = ref_model if ref_model is not None else getattr(trainer, "ref_model", None)
         if ref is None:
             raise ValueError("no reference model: the trainer has none (beta = 0, or PEFT); pass ref_model")
@@ -567,11 +576,17 @@ class KLMonitorCallback(transformers.TrainerCallback):
     def statistics(self, sample: MonitorSample) -> dict[str, float]:
         """:func:`monitor_statistics` of ``sample`` gathered from every rank."""
         acc = getattr(self.trainer, "accelerator", None)
-        tensors = (sample.policy, sample.reference, sample.kl, sample.entropy, sample.mask.to(torch.float64))
+        columns = (sample.policy, sample.reference, sample.kl, sample.entropy, sample.mask.to(torch.float64))
+        stacked = torch.stack(columns, dim=-1)  # (B_rank, T, 5)
         if acc is not None and acc.num_processes > 1:
-            dev = acc.device
-            tensors = tuple(acc.gather(t.to(dev).contiguous()).cpu() for t in tensors)
-        p, r, k, h, m = tensors
+            # The ranks may hold different numbers of completions (prompt i on rank i mod R, so some may
+            # hold none): pad each rank's rows to the largest count with rows marked empty, gather once in
+            # rank order, and drop the padding.
+            filled = torch.ones(*stacked.shape[:2], 1, dtype=torch.float64)
+            stacked = torch.cat([stacked, filled], dim=-1).to(acc.device).contiguous()
+            stacked = acc.gather(acc.pad_across_processes(stacked, dim=0)).cpu()
+            stacked = stacked[stacked[:, 0, -1] == 1, :, :-1]
+        p, r, k, h, m = stacked.unbind(-1)
         return monitor_statistics(p, r, k, h, m.bool())
 
     def _monitor(self, step: int) -> None:
@@ -624,5 +639,9 @@ def _sample_completions(model: torch.nn.Module, ref: torch.nn.Module, tok: Any, 
             entropy=entropy(lp).double().cpu(),
             mask=mask.cpu(),
         ))
+    if not parts:  # a rank that holds none of the prompts (more processes than prompts)
+        empty = torch.empty(0, T, dtype=torch.float64)
+        return MonitorSample(torch.empty(0, T, dtype=torch.long), empty, empty, empty, empty,
+                             torch.empty(0, T, dtype=torch.bool))
     fields = ("tokens", "policy", "reference", "kl", "entropy", "mask")
     return MonitorSample(*(torch.cat([getattr(s, f) for s in parts]) for f in fields))
