@@ -51,8 +51,9 @@ any other way (uniformly, say) the log-ratio's mean is not a KL and can be negat
   :math:`e^{-\Delta} - 1 + \Delta`, which agrees up to rounding but loses the digits of a small
   :math:`\Delta` to cancellation.
 - **Straight-through** ``+`` names are verl's: ``k2 - k2.detach() + value.detach()``, so the value is
-  the estimator's (clamped, if asked) and the gradient k2's, the gradient of :math:`\mathrm{KL}(\pi \|
-  \pi_{\mathrm{ref}})` in expectation. verl added them in its PR #2953 (August 2025, v0.6.0); up to v0.7.1
+  the estimator's (clamped, if asked) and the gradient k2's: in expectation that of
+  :math:`\mathrm{KL}(\pi \| \pi_{\mathrm{ref}})` for one token, of the per-token KLs with the prefixes
+  held fixed for a sequence. verl added them in its PR #2953 (August 2025, v0.6.0); up to v0.7.1
   they raised ``NotImplementedError``, because the suffix reached the dispatch unstripped; v0.8.0 and
   later strip it first (read in the releases' ``core_algos.py``).
 - **Importance weight.** With the KL in the loss, PPO's and GRPO's later epochs score tokens sampled from
@@ -253,7 +254,9 @@ def k1(log_ratio: torch.Tensor) -> torch.Tensor:
 def k2(log_ratio: torch.Tensor) -> torch.Tensor:
     r"""k2 = :math:`\tfrac12 \Delta^2`: non-negative, biased by :math:`O(\mathbb{E}[\Delta^3])`.
 
-    Its expected gradient on on-policy samples is that of :math:`\mathrm{KL}(\pi\|\pi_{\mathrm{ref}})`.
+    Its expected gradient on on-policy samples is that of :math:`\mathrm{KL}(\pi\|\pi_{\mathrm{ref}})`
+    for a one-token output; for a sequence, that of the per-token KLs with the prefixes held fixed, which is
+    not the sequence KL's (book section 9).
     """
     return 0.5 * log_ratio.square()
 
@@ -263,7 +266,8 @@ def k3(log_ratio: torch.Tensor) -> torch.Tensor:
     r"""k3 = :math:`(r - 1) - \log r`, :math:`r = \pi_{\mathrm{ref}}/\pi = e^{-\Delta}`: unbiased, >= 0.
 
     Its expected gradient on on-policy samples is that of the forward :math:`\mathrm{KL}(\pi_{\mathrm{ref}}
-    \|\pi)`, not of the penalised :math:`\mathrm{KL}(\pi\|\pi_{\mathrm{ref}})`: hence ``k3+``.
+    \|\pi)` (per token, the prefixes held fixed, for a sequence), not of the penalised
+    :math:`\mathrm{KL}(\pi\|\pi_{\mathrm{ref}})`: hence ``k3+``.
     """
     # r - 1 - log r = expm1(-Δ) + Δ; expm1 keeps precision when Δ is small.
     return torch.expm1(-log_ratio) + log_ratio

@@ -7,8 +7,9 @@ The library's monitoring: it imports only the library and works on the tensors a
    errors, the share of sequences and of tokens whose k1 is negative, and the largest sequence k1
    (:class:`KLLogStats`); :func:`sequence_k1_k3` gives the two per-sequence sums themselves and
    :func:`entropy` the entropy of next-token distributions. :func:`exact_kl_check` compares k1 with the
-   exact per-position KL on the same batch, the check of the sampler that stays valid far from the
-   reference, where the k1 - k3 gap raises false alarms.
+   exact per-position KL on the same batch, a check of the sampler whose false alarms far from the
+   reference are much rarer than the k1 - k3 gap's, though its tails too are heavier than a Gaussian's
+   (book section 12 measures both).
 2. **Spikes.** :func:`detect_spikes` flags the steps of a logged series that lie far above the rolling
    median of the steps before them, in units of their median absolute deviation (MAD).
 
@@ -93,8 +94,8 @@ class KLLogStats:
         the tokens did not come from the policy; far from it, correct batches cross that line too, because a
         typical batch misses the rare large ratios and so has a biased mean and too small a standard error
         (:func:`kltutorial.studies.diagnostics.gap_false_alarms` measures how often). There,
-        :func:`exact_kl_check` is the test to use. A k3 clamped at 10, as verl and OpenRLHF clamp it,
-        biases the gap upwards on correct samples."""
+        :func:`exact_kl_check` raises far fewer false alarms, read at a high threshold. A k3 clamped at 10,
+        as verl and OpenRLHF clamp it, biases the gap upwards on correct samples."""
         return self.k1 - self.k3
 
 
@@ -135,7 +136,7 @@ def kl_log_stats(
     reference can produce some probability). A negative mean k1 says the tokens did not come from the
     policy whose log-probs were used; so does a gap of many ``gap_se`` while the policy is near the
     reference, but far from it the gap's standard error misleads and correct batches cross that line too
-    (see :attr:`KLLogStats.gap`; :func:`exact_kl_check` stays valid there).
+    (see :attr:`KLLogStats.gap`; :func:`exact_kl_check` raises far fewer false alarms there).
 
     Parameters
     ----------
@@ -189,7 +190,8 @@ def exact_kl_check(
     mask: torch.Tensor | None = None,
 ) -> tuple[float, float]:
     """k1 against the exact per-position KL on the same batch: the mean of their difference and its
-    standard error, a check of the sampler that stays valid far from the reference.
+    standard error, a check of the sampler that raises far fewer false alarms than the k1 - k3 gap far from
+    the reference.
 
     .. math::
         D = \\frac{1}{B} \\sum_{i=1}^{B} \\sum_t m_{i,t} \\big(\\Delta_{i,t} - \\mathrm{KL}_{i,t}\\big),
@@ -202,11 +204,12 @@ def exact_kl_check(
     from the policy, so :math:`D` has mean 0 on correct samples and moves when the tokens come from
     elsewhere. The k1 - k3 gap's per-token variance is :math:`\\chi^2(\\pi_\\mathrm{ref} \\| \\pi)`, where
     a token the policy has pushed down by :math:`\\delta` nats weighs :math:`e^{\\delta}`; here each term's
-    variance is that of the log-ratio given the prefix, where it weighs :math:`\\delta`. So ``D / se``
-    stays close to a standard normal on correct samples much farther from the reference than the gap's
-    z does (:func:`kltutorial.studies.diagnostics.gap_false_alarms` measures both), and no clamp biases
-    it. The price: both models' full next-token distributions at every position, so log it on a few
-    batches.
+    variance is that of the log-ratio given the prefix, where it weighs :math:`\\delta`. So on correct
+    samples far from the reference ``D / se`` crosses a threshold far less often than the gap's z does,
+    though more often than a standard normal would: its tails are heavy too
+    (:func:`kltutorial.studies.diagnostics.gap_false_alarms` measures both, book section 12 reports
+    them), so read it at a high threshold; and no clamp biases it. The price: both models' full
+    next-token distributions at every position, so log it on a few batches.
 
     Parameters
     ----------

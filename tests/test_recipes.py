@@ -335,3 +335,27 @@ def test_a_prebuilt_network_is_the_reference_of_its_run(task) -> None:
     with pytest.raises(ValueError, match="table policy only"):
         R.train_recipe(task, "reinforce-k1-reward", toy.TrainConfig(beta=0.3), generator=torch.Generator(),
                        policy=net)
+
+
+def test_k3_in_the_reward_has_a_fixed_point_that_repels() -> None:
+    """The registry's example (V = 2, T = 1, pi_ref = (0.5, 0.5), scores (1, 0), beta 0.3): PPO's expected
+    gradient with k3 in the reward vanishes at pi = (0.079, 0.921), and a descent step on either side of
+    that point moves the policy further away from it."""
+    space = ex.SequenceSpace(vocab_size=2, length=1)
+    ref = torch.log(torch.tensor([[0.5, 0.5]], dtype=torch.float64))
+    scores = torch.tensor([1.0, 0.0], dtype=torch.float64)
+
+    def drift(p0: float) -> float:  # d logit(p0) / d step under gradient descent
+        logits = torch.log(torch.tensor([[p0, 1 - p0]], dtype=torch.float64))
+        g = R.expected_gradient(space, ref, scores, logits, "ppo-k3-reward", 0.3)
+        return -float(g[0, 0] - g[0, 1])
+
+    lo, hi = 0.02, 0.5
+    assert drift(lo) < 0 < drift(hi)
+    for _ in range(50):  # bisection on the drift's sign
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if drift(mid) < 0 else (lo, mid)
+    assert abs(lo - 0.079) < 5e-4
+    assert drift(lo - 0.01) < 0 < drift(hi + 0.01)  # pushed down below it, up above it
+    assert R.get_recipe("ppo-k3-reward").stability == "repels"
+    assert R.get_recipe("dr-grpo-k1-loss").stability == "none"

@@ -360,7 +360,8 @@ def test_command_line_trains_a_recipe_against_its_own_fixed_point(capsys: pytest
     out = capsys.readouterr().out
     assert "recipe dr-grpo-k2-loss" in out and "KL(pi||fixed)" in out
     rows = toy.main(["--recipe", "dr-grpo-k1-loss", "--steps", "2", "--batch-size", "64", "--betas", "0.3"])
-    assert math.isnan(rows[0]["kl_to_fixed"])  # no regulariser, no fixed point: printed as "-"
+    assert math.isnan(rows[0]["kl_to_fixed"])  # no fixed point at all: printed as "none"
+    assert capsys.readouterr().out.splitlines()[-1].split()[-1] == "none"
 
 
 @pytest.mark.parametrize(

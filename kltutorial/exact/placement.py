@@ -90,8 +90,8 @@ def gae_advantages(
     with :math:`V_{t+1} = 0` and :math:`A_{t+1} = 0` after the last valid token (the episode ends
     there). :math:`\lambda = 1` gives :math:`A_t = \sum_{s\ge t}\gamma^{s-t} r_s - V_t`, the return minus
     the baseline; :math:`\lambda = 0` gives :math:`A_t = \delta_t`. TRL, OpenRLHF and verl compute the
-    same recursion (RLHF runs use :math:`\gamma = 1`; TRL's and OpenRLHF's default :math:`\lambda` is
-    0.95, verl's 1).
+    same recursion (RLHF runs use :math:`\gamma = 1`; the default :math:`\lambda` is 0.95 in TRL's PPO
+    trainers up to v1.9, and 1 in OpenRLHF since v0.6.4 and in verl).
 
     Parameters
     ----------

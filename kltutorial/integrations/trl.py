@@ -535,8 +535,8 @@ class KLMonitorCallback(transformers.TrainerCallback):
         zero = getattr(getattr(state, "deepspeed_plugin", None), "zero_stage", None)
         if getattr(state, "fsdp_plugin", None) is not None or zero == 3:
             raise ValueError(
-                "KLMonitorCallback generates each rank's prompts on that rank alone, which FSDP and DeepSpeed "
-                "ZeRO-3 cannot run (their sharded parameters need every rank in every forward pass)"
+                "KLMonitorCallback generates each rank's prompts on that rank alone, which FSDP and "
+                "DeepSpeed ZeRO-3 cannot run (their sharded parameters need every rank in every forward pass)"
             )
         ref = ref_model if ref_model is not None else getattr(trainer, "ref_model", None)
         if ref is None:

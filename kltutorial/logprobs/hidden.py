@@ -46,24 +46,24 @@ per-position statistics, and every rank combines them in the same order into the
 
 What each position costs in communication. Forward: every rank sends 4 numbers per position for the
 log-probs and entropy (its running maximum, sum and entropy sum, and the chosen logit where it owns the
-token, else 0), 5 for the KL (both models' maxima and sums, and :math:`a`), and receives those of the
-R - 1 others. Megatron's vocab-parallel cross-entropy makes three all-reduces of one number per
-position instead (MAX of the maxima, SUM of the chosen logits, SUM of the sums; its fused variant
-concatenates the last two), and so does Cut Cross-Entropy's vocab-parallel mode; verl's
-``linear_cross_entropy`` also makes three, the first over one maximum per position per vocabulary
-split, so its volume grows with R too. The gather's volume grows with R (4 (R - 1) numbers received
-per position, against about 6 (R - 1) / R for Megatron's three ring all-reduces, which carry the
-log-probs only, no entropy), so the all-reduces move less at every R >= 2. Either way it is small
-beside the backward: each rank computes its own slice's weight gradient locally, and one
-``all_reduce`` sums the hidden states' gradient, H numbers per position (Megatron and verl do
-the same sum, outside the loss, in the backward of the column-parallel output layer; Cut Cross-Entropy
-does it inside). Every rank must then receive the same upstream gradient (as when each
-rank computes the same loss from the replicated result). Before any of this, one small
-``all_gather_object`` checks that the ranks agree (shapes, temperature, the same hidden states and
-tokens, slices that cover the vocabulary), so that a bad input fails on every rank at once with the
-same message, never as a hang. It is counted here, and it is not free: a float64 pass over the hidden
-states for their fingerprint, a pickled dictionary per rank and a host synchronisation on every call,
-so a forward call makes two exchanges (this check, then the gather of the statistics), not one.
+token, else 0), 5 for the KL (both models' maxima and sums, and :math:`a`), and receives those of the R -
+1 others. Megatron's vocab-parallel cross-entropy makes three all-reduces of one number per position
+instead (MAX of the maxima, SUM of the chosen logits, SUM of the sums; its fused variant concatenates the
+last two), and so does Cut Cross-Entropy's vocab-parallel mode; verl's ``linear_cross_entropy`` (v0.9.0)
+also makes three: first the maxima of every 1,024-token split of the rank's own slice, about V / (1024 R)
+numbers per position (63 at V = 128,000 and R = 2, more than the gather's 4; fewer as R grows), then the
+chosen log-probs, then two sums. The gather's volume grows with R (4 (R - 1) numbers received per
+position, against about 6 (R - 1) / R for Megatron's three ring all-reduces, which carry the log-probs
+only, no entropy), so the all-reduces move less at every R >= 2. Either way it is small beside the
+backward: each rank computes its own slice's weight gradient locally, and one ``all_reduce`` sums the
+hidden states' gradient, H numbers per position (Megatron and verl do the same sum, outside the loss, in
+the backward of the column-parallel output layer; Cut Cross-Entropy does it inside). Every rank must then
+receive the same upstream gradient (as when each rank computes the same loss from the replicated result).
+Before any of this, one small ``all_gather_object`` checks that the ranks agree (shapes, temperature, the
+same hidden states and tokens, slices that cover the vocabulary), so that a bad input fails on every rank
+at once with the same message, never as a hang. It is counted here, and it is not free: a float64 copy of
+the hidden states for their fingerprint, a pickled dictionary per rank and a host synchronisation on every
+call, so a forward call makes two exchanges (this check, then the gather of the statistics), not one.
 
 **What the libraries do** (on GPUs, in Triton, except where said). verl's ``linear_cross_entropy``
 (``verl/utils/kernel/linear_cross_entropy.py``, kernels in ``kernels.py``) takes the hidden states,

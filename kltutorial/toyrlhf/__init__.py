@@ -14,7 +14,7 @@ RLHF. One idea per module:
 ``recipes``      :func:`train_recipe`: PPO, RLOO, GRPO and Dr. GRPO with their KL placements, and
                  :func:`~.recipes.fixed_points.recipe_fixed_point`, the exact point each stops at (section 9)
 ``transformer``  a small causal transformer policy, fitted to the reference by enumeration
-``cli``          the β sweep of ``python -m kltutorial.toyrlhf --help``
+``cli``          the β sweep of ``python -m kltutorial.toyrlhf`` (``--help`` lists its options)
 ``bench``        steps per second of each recipe, ``python -m kltutorial.toyrlhf.bench``
 ===============  ===============================================================================
 

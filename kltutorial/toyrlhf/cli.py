@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
             parser.error(str(err))
         ref = run.task  # the chain, or the fitted network
         optimum = ex.optimal_policy(ref.ref_logprobs, ref.proxy_reward, config.beta)
-        kl_to_fixed = floor = float("nan")  # no fixed point: the recipe has no regulariser
+        kl_to_fixed = floor = float("nan")  # no stable fixed point: printed as the recipe's stability
         if get_recipe(args.recipe).fixed_point is not None:
             fixed = recipe_fixed_point(ref, args.recipe, config.beta, group_size=run.group_size)
             kl_to_fixed = ex.sequence_kl(run.logprobs, fixed)
@@ -102,13 +102,16 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
             "floor": floor,
         })
     print(f"recipe {args.recipe}, {args.policy} policy; KL* is pi*_beta's KL to pi_ref, fixed point: "
-          "where the recipe's expected gradient vanishes (- where it has none)"
+          "where the recipe's expected gradient vanishes (repels: it vanishes at a point that repels; "
+          "none: nowhere)"
           + ("; floor: KL(pi||fixed) of the fixed point distilled into the same network" if fitted else ""))
     print(f"{'beta':>6} {'KL':>8} {'KL*':>8} {'proxy':>8} {'gold':>8} {'KL(pi||pi*)':>12} "
           f"{'KL(pi||fixed)':>14}" + (f" {'floor':>8}" if fitted else ""))
 
+    stability = get_recipe(args.recipe).stability
+
     def cell(x: float, width: int) -> str:
-        return f"{'-':>{width}}" if x != x else f"{x:>{width}.4f}"
+        return f"{stability:>{width}}" if x != x else f"{x:>{width}.4f}"
 
     for r in rows:
         print(f"{r['beta']:>6.3g} {r['kl']:>8.3f} {r['opt_kl']:>8.3f} {r['proxy']:>8.3f} "

@@ -220,7 +220,7 @@ def fixed_point_table(
     *, group_size: int | None = None,
 ) -> torch.Tensor:
     """The next-token table (P, V) of a recipe's fixed point on any listable space (the module docstring
-    gives each one). Raises ValueError for the two recipes that have none."""
+    gives each one). Raises ValueError for the two recipes that have no stable one."""
     spec = get_recipe(recipe)
     beta = check_positive(beta, "beta")
     g = _group_size(spec, group_size)

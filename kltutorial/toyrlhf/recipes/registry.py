@@ -43,7 +43,10 @@ class RecipeSpec:
     std_scaled : bool
         GRPO's division by the group's std.
     why_none : str
-        Why there is no fixed point, where there is none.
+        Why there is no stable fixed point, where there is none.
+    repels : bool
+        Without a stable fixed point: whether a point where the expected gradient vanishes exists and
+        pushes the policy away (k3 in the reward), rather than none at all (k1 in the loss).
     summary : str
         One line for ``--help`` and tables.
     """
@@ -57,6 +60,21 @@ class RecipeSpec:
     summary: str
     std_scaled: bool = False
     why_none: str = ""
+    repels: bool = False
+
+    @property
+    def stability(self) -> str:
+        """``"stable"`` (the run heads for :attr:`fixed_point`), ``"repels"`` (the expected gradient vanishes
+        at a point that pushes the policy away) or ``"none"`` (it vanishes nowhere), for tables.
+
+        Examples
+        --------
+        >>> [get_recipe(n).stability for n in ("ppo-k1-reward", "ppo-k3-reward", "dr-grpo-k1-loss")]
+        ['stable', 'repels', 'none']
+        """
+        if self.fixed_point is not None:
+            return "stable"
+        return "repels" if self.repels else "none"
 
     @property
     def group_setting(self) -> str | None:
@@ -73,7 +91,7 @@ _SPECS = (
                "REINFORCE leave-one-out over k samples, the sequence's k1 sum in its reward"),
     RecipeSpec("ppo-k3-reward", "ppo", "reward", "k3", PPOSettings(estimator="k3"), None,
                "PPO with TRL's kl_estimator='k3': k3 as the per-token penalty in the reward",
-               why_none=_K3_REWARD),
+               why_none=_K3_REWARD, repels=True),
     RecipeSpec("grpo-k3-loss", "grpo", "loss", "k3", GRPOSettings(), "forward",
                "GRPO: group advantage (s - mean) / std, clipped ratio, beta * k3 in the loss",
                std_scaled=True),
