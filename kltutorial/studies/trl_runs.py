@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -242,7 +243,8 @@ def format_outcomes(results: dict[str, Any]) -> str:
 
 
 def run_all(runs=RUNS, *, distill_steps: int = 60) -> dict[str, Any]:
-    """Every run of ``runs`` from one distilled network, with the distillation's KL and the versions."""
+    """Every run of ``runs`` from one distilled network, with the distillation's KL, the versions, the machine
+    and the date (UTC)."""
     import transformers
     import trl
 
@@ -253,6 +255,8 @@ def run_all(runs=RUNS, *, distill_steps: int = 60) -> dict[str, Any]:
         results = [run(spec, task, model_dir) for spec in runs]
     return {"versions": {"trl": trl.__version__, "transformers": transformers.__version__,
                          "torch": torch.__version__.split("+")[0]},
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, one torch thread",
+            "date": time.strftime("%Y-%m-%d", time.gmtime()),
             "distill_kl": fit, "distill_steps": distill_steps, "runs": results}
 
 
