@@ -64,7 +64,7 @@ class RecipeSpec:
 
     @property
     def stability(self) -> str:
-        """``"stable"`` (the run heads for :attr:`fixed_point`), ``"repels"`` (the expected gradient vanishes
+        """``"stable"`` (the run heads for its ``fixed_point``), ``"repels"`` (the expected gradient vanishes
         at a point that pushes the policy away) or ``"none"`` (it vanishes nowhere), for tables.
 
         Examples
