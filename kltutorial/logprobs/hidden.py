@@ -46,8 +46,8 @@ per-position statistics, and every rank combines them in the same order into the
 
 What each position costs in communication. Forward: every rank sends 4 numbers per position for the
 log-probs and entropy (its running maximum, sum and entropy sum, and the chosen logit where it owns the
-token, else 0), 5 for the KL (both models' maxima and sums, and :math:`a`), and receives those of the R -
-1 others. Megatron's vocab-parallel cross-entropy makes three all-reduces of one number per position
+token, else 0), 5 for the KL (both models' maxima and sums, and :math:`a`), and receives those of the
+R - 1 others. Megatron's vocab-parallel cross-entropy makes three all-reduces of one number per position
 instead (MAX of the maxima, SUM of the chosen logits, SUM of the sums; its fused variant concatenates the
 last two), and so does Cut Cross-Entropy's vocab-parallel mode; verl's ``linear_cross_entropy`` (v0.9.0)
 also makes three: first the maxima of every 1,024-token split of the rank's own slice, about V / (1024 R)
