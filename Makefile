@@ -44,13 +44,10 @@ help:
 # Environment: rebuilt only when requirements.txt or pyproject.toml change.
 venv: $(STAMP)
 
-# --no-compile: Python compiles a module the first time it is imported, and most of what is installed
-# (torch's and transformers' thousands of files) never is; compiling all of it up front took 40 of the
-# install's 84 s (measured 2026-12-05, 2 cores).
 $(STAMP): requirements.txt pyproject.toml
 	@test -n "$(PYTHON)" || { echo "error: python3.11 (or python3) not found" >&2; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-compile -r requirements.txt
+	$(BIN)/python -m pip install --quiet -r requirements.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name kltutorial \
 		--display-name "Python 3 (kltutorial)" >/dev/null
