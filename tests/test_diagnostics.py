@@ -410,3 +410,29 @@ def test_split_vocabulary_checks_the_world_size_before_starting_processes():
         dg.split_vocabulary(h, w, torch.zeros(2, dtype=torch.long), h, w, world_size=5)
     with pytest.raises(ValueError, match="world_size"):
         dg.split_vocabulary(h, w, torch.zeros(2, dtype=torch.long), h, w, world_size=0)
+
+
+def _store_then_abort(rank: int, world: int, folder: str, abort_rank: int, store_first: bool) -> None:
+    """A process of spawn_ranks' tests: rank ``abort_rank`` aborts (SIGABRT) before storing its result, or
+    after every rank has stored its own (as after the barrier that precedes a process group's teardown)."""
+    import os
+    import time
+
+    if rank == abort_rank and not store_first:
+        os.abort()
+    dg.write_rank_result(folder, rank, {"rank": rank, "world": world})
+    if rank == abort_rank:
+        while not all(os.path.exists(os.path.join(folder, f"rank{r}.pkl")) for r in range(world)):
+            time.sleep(0.01)
+        os.abort()
+
+
+def test_spawn_ranks_keeps_results_stored_before_a_crash_and_fails_on_one_before():
+    """A process that aborts after storing its result (as torch's gloo teardown has) does not fail the call;
+    one that aborts before storing it does."""
+    assert dg.spawn_ranks(_store_then_abort, 2, (1, True), timeout=60) == [
+        {"rank": 0, "world": 2}, {"rank": 1, "world": 2}]
+    with pytest.raises(torch.multiprocessing.ProcessExitedException, match="SIGABRT"):
+        dg.spawn_ranks(_store_then_abort, 2, (1, False), timeout=60)
+    with pytest.raises(ValueError, match="world_size"):
+        dg.spawn_ranks(_store_then_abort, 0, (0, True))

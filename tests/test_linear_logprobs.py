@@ -4,12 +4,9 @@ in one process and with the vocabulary split over two gloo processes."""
 from __future__ import annotations
 
 import os
-import pickle
-from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kltutorial.logprobs import exact_kl, get_logprobs_for_tokens
@@ -20,7 +17,7 @@ from kltutorial.logprobs.hidden import (
     naive_linear_logprobs,
     tile_shape,
 )
-from kltutorial.studies.diagnostics import split_vocabulary
+from kltutorial.studies.diagnostics import spawn_ranks, split_vocabulary, write_rank_result
 
 TILES = [None, 1, (1, 1), (5, 7), (8, 64), (64, 1000)]
 
@@ -280,12 +277,13 @@ def test_bad_settings_name_the_argument():
 SPLIT = [40, 57]  # rank 0 holds ids 0-39, rank 1 ids 40-96, in the bad-input cases
 
 
-def _rank_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
+def _rank_main(rank: int, world: int, folder: str) -> None:
     """Every bad-input case on two ranks; records each rank's message (None: nothing raised)."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(folder, 'init')}", rank=rank,
+                            world_size=world)
     errors: dict[str, str | None] = {}
     try:
         hidden, weight, tokens = inputs()
@@ -329,20 +327,15 @@ def _rank_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
             for f, original in originals.items():
                 setattr(dist, f, original)
         errors["collectives"] = ",".join(calls)
+        write_rank_result(folder, rank, errors)
+        dist.barrier()
     finally:
-        with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
-            pickle.dump(errors, f)
         dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
-def two_ranks_errors(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    tmp = tmp_path_factory.mktemp("gloo")
-    ctx = mp.start_processes(_rank_main, args=(2, str(tmp / "init"), str(tmp)), nprocs=2, join=False,
-                             start_method="spawn")
-    while not ctx.join(timeout=120):
-        pass
-    return [pickle.loads((Path(tmp) / f"rank{r}.pkl").read_bytes()) for r in range(2)]
+def two_ranks_errors() -> list[dict]:
+    return spawn_ranks(_rank_main, 2, timeout=120)
 
 
 def test_two_gloo_ranks_agree_with_one_process():

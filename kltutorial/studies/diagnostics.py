@@ -69,6 +69,8 @@ __all__ = [
     "pushed_down_pair",
     "RankResult",
     "split_vocabulary",
+    "spawn_ranks",
+    "write_rank_result",
 ]
 
 
@@ -727,9 +729,55 @@ class RankResult:
     vocab_slice: tuple[int, int]
 
 
+def write_rank_result(folder: str, rank: int, result: object) -> None:
+    """Store one rank's result for :func:`spawn_ranks`, atomically (a process killed while writing leaves
+    no file, never half of one)."""
+    path = os.path.join(folder, f"rank{rank}.pkl")
+    with open(path + ".tmp", "wb") as f:
+        pickle.dump(result, f)
+    os.replace(path + ".tmp", path)
+
+
+def spawn_ranks(target, world_size: int, args: tuple = (), *, timeout: float = 300.0) -> list[object]:
+    """Run ``target(rank, world_size, folder, *args)`` in ``world_size`` fresh processes (spawn) and return
+    what each stored with :func:`write_rank_result`, in rank order.
+
+    ``folder`` is a new temporary folder, for the file rendezvous of ``torch.distributed`` and the results.
+    A process that fails before storing its result fails the call (its exception or signal is raised); one
+    that fails after, while tearing down, does not: torch 2.13's gloo backend has been seen to abort a
+    process with SIGABRT ("terminate called without an active exception") after
+    ``destroy_process_group``, when every result had been computed and stored (once, in one of this
+    project's CI runs). Raises TimeoutError after ``timeout`` seconds.
+    """
+    import torch.multiprocessing as mp
+
+    world_size = check_positive_int(world_size, "world_size")
+    timeout = check_positive(timeout, "timeout")
+    with tempfile.TemporaryDirectory() as folder:
+        ctx = mp.start_processes(target, args=(world_size, folder, *args), nprocs=world_size, join=False,
+                                 start_method="spawn")
+        paths = [os.path.join(folder, f"rank{r}.pkl") for r in range(world_size)]
+        deadline = timeout
+        try:
+            while not ctx.join(timeout=min(deadline, 5.0)):
+                deadline -= 5.0
+                if deadline <= 0:
+                    for p in ctx.processes:
+                        p.kill()
+                    raise TimeoutError(f"the {world_size} processes did not finish within {timeout} s")
+        except mp.ProcessExitedException:
+            if not all(os.path.exists(p) for p in paths):  # it failed before its result was stored
+                raise
+        results = []
+        for path in paths:
+            with open(path, "rb") as f:
+                results.append(pickle.load(f))
+    return results
+
+
 def _split_rank(rank: int, world: int, folder: str, inputs: dict, slices: list[int],
                 temperature: float, chunk_size: int | tuple[int, int] | None) -> None:
-    """One process of :func:`split_vocabulary` (the target of ``torch.multiprocessing``)."""
+    """One process of :func:`split_vocabulary` (the target of :func:`spawn_ranks`)."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -746,8 +794,8 @@ def _split_rank(rank: int, world: int, folder: str, inputs: dict, slices: list[i
                              temperature=temperature, chunk_size=chunk_size, group=dist.group.WORLD)
         (logp + ent + kl).sum().backward()
         result = RankResult(logp.detach(), ent.detach(), kl.detach(), hidden.grad, weight.grad, (lo, hi))
-        with open(os.path.join(folder, f"rank{rank}.pkl"), "wb") as f:
-            pickle.dump(result, f)
+        write_rank_result(folder, rank, result)
+        dist.barrier()  # no rank tears its connections down while another still exchanges
     finally:
         dist.destroy_process_group()
 
@@ -766,8 +814,8 @@ def split_vocabulary(
 ) -> list[RankResult]:
     """Log-probs, entropy and exact KL with the vocabulary split over ``world_size`` gloo processes.
 
-    Starts ``world_size`` fresh processes (``torch.multiprocessing``, spawn; a file rendezvous in a
-    temporary folder); rank r holds rows ``[r V / R, (r + 1) V / R)`` of ``weight`` and ``ref_weight``
+    Starts ``world_size`` fresh processes (:func:`spawn_ranks`: spawn, a file rendezvous in a temporary
+    folder); rank r holds rows ``[r V / R, (r + 1) V / R)`` of ``weight`` and ``ref_weight``
     (rounded down), the hidden states and tokens whole, and computes
     ``linear_logprobs(..., return_entropy=True, group=WORLD)`` and ``linear_exact_kl(..., group=WORLD)``
     and the gradients of the sum of all three.
@@ -792,8 +840,6 @@ def split_vocabulary(
     list of RankResult
         One per rank, in rank order.
     """
-    import torch.multiprocessing as mp
-
     world_size = check_positive_int(world_size, "world_size")
     timeout = check_positive(timeout, "timeout")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
@@ -804,19 +850,4 @@ def split_vocabulary(
     slices = [r * V // world_size for r in range(world_size + 1)]
     inputs = {"hidden": hidden.detach(), "weight": weight.detach(), "tokens": tokens,
               "ref_hidden": ref_hidden.detach(), "ref_weight": ref_weight.detach()}
-    with tempfile.TemporaryDirectory() as folder:
-        args = (world_size, folder, inputs, slices, temperature, chunk_size)
-        ctx = mp.start_processes(_split_rank, args=args, nprocs=world_size, join=False,
-                                 start_method="spawn")
-        deadline = timeout
-        while not ctx.join(timeout=min(deadline, 5.0)):
-            deadline -= 5.0
-            if deadline <= 0:
-                for p in ctx.processes:
-                    p.kill()
-                raise TimeoutError(f"the {world_size} processes did not finish within {timeout} s")
-        results = []
-        for r in range(world_size):
-            with open(os.path.join(folder, f"rank{r}.pkl"), "rb") as f:
-                results.append(pickle.load(f))
-    return results
+    return spawn_ranks(_split_rank, world_size, (inputs, slices, temperature, chunk_size), timeout=timeout)
