@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ("tools.nbval_numeric", "tools.nbval_timing")
+pytest_plugins = ("tools.nbval_numeric", "tools.nbval_timing", "tools.nbval_kernels")
 
 
 def pytest_configure(config: pytest.Config) -> None:
