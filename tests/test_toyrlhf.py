@@ -251,6 +251,39 @@ def test_trained_policy_reaches_the_exact_optimum(task: toy.ToyTask) -> None:
     assert abs(run.kl_sampled[-20:].mean() - run.kl[-20:].mean()) < 0.1
 
 
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().contiguous().view(torch.int64)  # float64 as its bits: -0.0 differs from 0.0
+
+
+@pytest.mark.parametrize("batch", [1, 7, 2048])
+def test_visited_rows_give_the_whole_table_s_numbers_and_gradient_bit_for_bit(
+        task: toy.ToyTask, batch: int) -> None:
+    """Normalising only the visited rows (TablePolicy.forward) changes no bit of the
+    log-probs nor of theta's gradient, rows visited many times included. (This runs on this machine's
+    kernels; nbval's second pass re-runs every training notebook on the second kernel set.)"""
+    from kltutorial.toyrlhf.policy import TablePolicy, visited_logprobs
+
+    gen = _gen(batch)
+    P, V = task.ref_table.shape
+    theta = (0.5 * torch.randn(P, V, dtype=torch.float64, generator=gen)).requires_grad_()
+    idx = ex.sample_autoregressive(task.space, task.ref_table, batch, gen)
+    rows, tokens = task.space.prefix_ids[idx], task.space.sequences[idx]
+    weight = torch.randn(batch, task.space.length, dtype=torch.float64, generator=gen)
+    whole = torch.log_softmax(task.ref_table + theta, dim=-1)[rows, tokens]  # the whole-table way
+    (whole * weight).sum().backward()
+    grad_whole, theta.grad = theta.grad.clone(), None
+    part = visited_logprobs(task.ref_table, theta, rows).gather(-1, tokens[..., None]).squeeze(-1)
+    (part * weight).sum().backward()
+    assert torch.equal(_bits(part), _bits(whole))
+    assert torch.equal(_bits(theta.grad), _bits(grad_whole))
+    assert (grad_whole.abs().sum(-1) > 0).sum() < P  # some rows unvisited: their gradient is 0 either way
+
+    policy = TablePolicy(task)
+    with torch.no_grad():
+        policy.theta.copy_(theta)
+    assert torch.equal(_bits(policy(task.space.sequences[idx])), _bits(policy.table()[rows]))
+
+
 def test_training_depends_only_on_the_generator(task: toy.ToyTask) -> None:
     config = toy.TrainConfig(beta=1.0, steps=20, batch_size=256)
     a = toy.train_policy(task, config, generator=_gen(7))

@@ -47,6 +47,24 @@ def prefix_rows(space: ex.SequenceSpace, sequences: torch.Tensor) -> torch.Tenso
     return rows
 
 
+def visited_logprobs(ref_table: torch.Tensor, theta: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``torch.log_softmax(ref_table + theta, -1)[rows]``, computed on the rows that ``rows`` visits only.
+
+    A batch of 2,048 sequences from the reference visits about 1,200 of the 4,681 prefix rows;
+    normalising only those (each once, then indexed) makes a PPO run of section 9 about a quarter
+    faster than normalising the whole table at every forward pass. The numbers are the same bit for
+    bit, and so is the gradient reaching ``theta``: each row is normalised on its own either way, and
+    the gradients of a row's repeated visits are summed before the row's softmax backward, as the
+    whole-table version sums them (tests/test_toyrlhf.py compares the bits). ``rows``: int64 row ids of
+    any shape S; returns S + (V,).
+    """
+    seen = torch.zeros(ref_table.shape[0], dtype=torch.bool)
+    seen[rows] = True
+    visited = seen.nonzero().squeeze(1)  # (U,), ascending, as torch.unique's without its sort
+    where = (torch.cumsum(seen, 0) - 1)[rows]  # each visit's place among the visited rows
+    return torch.log_softmax(ref_table[visited] + theta[visited], dim=-1)[where]
+
+
 class TablePolicy(torch.nn.Module):
     r""":math:`\pi_\theta(\cdot\mid h) = \mathrm{softmax}(\log\pi_\mathrm{ref}(\cdot\mid h) + \theta_h)`, one
     row :math:`\theta_h` per prefix, zero at the start; and a value table, one entry per prefix.
@@ -83,8 +101,11 @@ class TablePolicy(torch.nn.Module):
         return torch.log_softmax(self.ref_table + self.theta, dim=-1)
 
     def forward(self, sequences: torch.Tensor) -> torch.Tensor:
-        """Next-token log-probs at every position of ``sequences`` (N, T), shape (N, T, V)."""
-        return self.table()[prefix_rows(self.space, sequences)]
+        """Next-token log-probs at every position of ``sequences`` (N, T), shape (N, T, V).
+
+        ``table()[prefix_rows(space, sequences)]``, bit for bit, with only the visited rows normalised.
+        """
+        return visited_logprobs(self.ref_table, self.theta, prefix_rows(self.space, sequences))
 
     def values(self, sequences: torch.Tensor) -> torch.Tensor:
         """The value table at every position's prefix, shape (N, T)."""
