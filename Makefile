@@ -63,8 +63,9 @@ book: $(STAMP)
 # ---------------------------------------------------------------------------
 # Tests. Each step is its own pytest run: the unit tests never execute notebooks,
 # nbval never collects tests/*.py, and the browser check runs after the build.
-test: $(STAMP)
-	$(MAKE) --no-print-directory chromium
+# The environment and Chromium install side by side (pip and apt: downloads, mostly).
+test:
+	$(MAKE) --no-print-directory -j2 --output-sync=target venv chromium
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory unit-tests
 	$(MAKE) --no-print-directory nbval
