@@ -11,11 +11,13 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+import transformers
 import trl
 
 from kltutorial import exact as ex
@@ -233,10 +235,51 @@ def test_exact_gradient_descent_on_trls_loss_reaches_the_fixed_point(bias: bool,
     (lambda: _grpo(sync_ref_model=True), "sync_ref_model"),
     (lambda: _rloo(reward_clip_range=(-1.0, 1.0)), "reward_clip_range"),
     (lambda: _rloo(temperature=0.5), "temperature"),
+    (lambda: _grpo(use_adaptive_entropy=True), "use_adaptive_entropy"),
+    (lambda: _grpo(entropy_coef=0.01), "entropy_coef"),
+    (lambda: _grpo(min_p=0.05), "min_p"),
+    (lambda: _grpo(repetition_penalty=1.2), "repetition_penalty"),
+    (lambda: _grpo(off_policy_mask_threshold=0.5), "off_policy_mask_threshold"),
+    (lambda: _grpo(use_transformers_continuous_batching=True), "use_transformers_continuous_batching"),
+    (lambda: _grpo(weight_decay=0.1), "weight_decay"),
+    (lambda: _rloo(weight_decay=0.1), "weight_decay"),
+    (lambda: _rloo(use_vllm=True), "use_vllm"),
+    *[(lambda key=key, value=value: _grpo(generation_kwargs={key: value}), "generation_kwargs")
+      for key, value in (("temperature", 0.7), ("top_k", 10), ("top_p", 0.9), ("min_p", 0.1),
+                         ("repetition_penalty", 1.1), ("no_repeat_ngram_size", 2), ("typical_p", 0.9),
+                         ("suppress_tokens", [0]), ("eos_token_id", 0))],
+    *[(lambda key=key, value=value: _rloo(generation_kwargs={key: value}), "generation_kwargs")
+      for key, value in (("temperature", 0.7), ("top_k", 10))],
 ])
 def test_fixed_point_names_the_setting_it_cannot_compute(task, args, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         kt.fixed_point(task, args())
+
+
+def test_fixed_point_accepts_neutral_generation_kwargs(task) -> None:
+    ref = kt.fixed_point(task, _grpo(scale_rewards="none"))
+    args = _grpo(scale_rewards="none", generation_kwargs={"use_cache": True, "output_scores": False})
+    assert torch.equal(kt.fixed_point(task, args), ref)
+
+
+def test_every_config_field_is_classified_and_documented() -> None:
+    """Each field TRL adds to TrainingArguments is modelled, refused, path or inert, and named in
+    fixed_point's docstring (a TRL upgrade that adds a field fails here until it is read)."""
+    doc = kt.fixed_point.__doc__
+    for cfg in (_grpo(), _rloo()):
+        for name in kt._own_fields(cfg):
+            assert name in kt.CONFIG_FIELDS, f"{type(cfg).__name__}.{name} is not classified"
+            named = f"``{name}``" in doc or (name.startswith("vllm_") and "``vllm_*``" in doc)
+            assert named, f"{name} is not in fixed_point's docstring"
+    assert {f.role for f in kt.CONFIG_FIELDS.values()} == {"modelled", "path", "inert"}
+
+
+def test_a_field_trl_did_not_have_is_refused_unless_default(task, monkeypatch) -> None:
+    args = _grpo(scale_rewards="none")
+    monkeypatch.delitem(kt.CONFIG_FIELDS, "epsilon")  # as if TRL had added it after 1.16
+    assert torch.equal(kt.fixed_point(task, args), kt.fixed_point(task, _grpo(scale_rewards="none")))
+    with pytest.raises(ValueError, match="epsilon.*does not know"):
+        kt.fixed_point(task, _grpo(scale_rewards="none", epsilon=0.3))
 
 
 def test_fixed_point_rejects_other_arguments(task) -> None:
@@ -307,8 +350,119 @@ def test_the_callbacks_exact_kl_is_the_enumerated_one(task) -> None:
     assert abs(stats["exact_kl"] - exact) < 5 * stats["exact_kl_se"] + 0.05
     assert abs(stats["check_z"]) < 5 and math.isfinite(stats["gap_z"])
     cb.on_step_end(None, type("S", (), {"global_step": 1})(), None)
-    assert trainer.logged and set(trainer.logged[0]) == {f"kltutorial/{k}" for k in stats}
+    assert not trainer.logged  # the callback writes no record of its own
+    trainer.log({"loss": 0.5})  # the trainer's next record carries its numbers
+    keys = {f"kltutorial/{k}" for k in stats} | {"kltutorial/step", "kltutorial/temperature",
+                                                 "kltutorial/sampler_differs"}
+    assert set(trainer.logged[0]) == {"loss"} | keys and trainer.logged[0]["kltutorial/step"] == 1
+    trainer.log({"loss": 0.25})  # once only
+    assert trainer.logged[1] == {"loss": 0.25}
     assert cb.history[0]["step"] == 1
+
+
+def test_sampling_leaves_the_random_stream_and_the_mode_alone(task, small_model) -> None:
+    model, tok = small_model
+    cb = kt.KLMonitorCallback(_StubTrainer(model, model, tok), ["<s>"], samples_per_prompt=8,
+                              max_new_tokens=5)
+    model.train()
+    state = torch.get_rng_state()
+    first = cb.sample(3)
+    assert torch.equal(torch.get_rng_state(), state) and model.training
+    model.eval()
+    assert torch.equal(cb.sample(3).tokens, first.tokens) and not model.training  # seeded by the step
+    assert not torch.equal(cb.sample(4).tokens, first.tokens)
+
+
+def test_the_checkpoints_generation_config_does_not_reach_the_samples(task) -> None:
+    """A checkpoint whose generation_config sets a repetition penalty and min-p: the callback's samples are
+    the same as without them (it samples the softmax itself), and it says that the trainer's differ."""
+    policy, tok = kt.toy_model(task, hidden_size=16, num_layers=1, num_heads=2, seed=2)
+    plain = kt.KLMonitorCallback(_StubTrainer(policy, policy, tok), ["<s>"], samples_per_prompt=64,
+                                 max_new_tokens=5, seed=5).sample(0)
+    policy.generation_config.repetition_penalty = 1.5
+    policy.generation_config.min_p = 0.2
+    with pytest.warns(UserWarning, match="repetition_penalty=1.5, .*min_p=0.2|min_p=0.2.*repetition_penalty"):
+        cb = kt.KLMonitorCallback(_StubTrainer(policy, policy, tok), ["<s>"], samples_per_prompt=64,
+                                  max_new_tokens=5, seed=5)
+    assert torch.equal(cb.sample(0).tokens, plain.tokens)
+    cb._monitor(0)
+    assert cb._pending["kltutorial/sampler_differs"] == 1.0
+    # a TRL trainer sets repetition_penalty=1.0 itself, and leaves min_p to the checkpoint
+    trainer = _StubTrainer(policy, policy, tok)
+    trainer.generation_config = transformers.GenerationConfig(repetition_penalty=1.0, top_k=0, top_p=1.0)
+    assert kt.sampler_differences(trainer) == ["min_p=0.2"]
+
+
+def test_the_callback_measures_the_trainers_temperature(task) -> None:
+    policy, tok = kt.toy_model(task, hidden_size=16, num_layers=1, num_heads=2, seed=2)
+    ref, _ = kt.toy_model(task, hidden_size=16, num_layers=1, num_heads=2, seed=3)
+    trainer = _StubTrainer(policy, ref, tok)
+    trainer.args = type("Args", (), {"temperature": 0.5})()
+    cb = kt.KLMonitorCallback(trainer, ["<s>"], samples_per_prompt=32, max_new_tokens=5)
+    sample = cb.sample(0)
+    inputs = torch.cat([torch.full((32, 1), tok.bos_token_id), sample.tokens], dim=1)
+    with torch.no_grad():
+        lp = torch.log_softmax(policy(input_ids=inputs).logits[:, :-1].double() / 0.5, -1)
+        lq = torch.log_softmax(ref(input_ids=inputs).logits[:, :-1].double() / 0.5, -1)
+    m = sample.mask
+    want = lp.gather(-1, sample.tokens.unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(sample.policy[m], want[m], atol=1e-6)
+    kl = (lp.exp() * (lp - lq)).sum(-1)
+    assert torch.allclose(sample.kl[m], kl[m], atol=1e-6)
+    cb._monitor(0)
+    assert cb._pending["kltutorial/temperature"] == 0.5
+
+
+def _trl_records(kind: str, model_dir: str, tok, task, every: int | None) -> list[dict]:
+    import datasets
+
+    cfg = dict(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=8, num_generations=4,
+               max_completion_length=5, max_steps=6, learning_rate=1e-2, beta=0.05, logging_steps=3,
+               report_to="none", use_cpu=True, save_strategy="no", seed=0, disable_tqdm=True)
+    args = (trl.GRPOConfig if kind == "grpo" else trl.RLOOConfig)(**cfg)
+    data = datasets.Dataset.from_dict({"prompt": [tok.bos_token] * 64})
+    cls = trl.GRPOTrainer if kind == "grpo" else trl.RLOOTrainer
+    trainer = cls(model=model_dir, reward_funcs=kt.reward_function(task), args=args, train_dataset=data,
+                  processing_class=tok)
+    trainer.model.generation_config.repetition_penalty = 1.3  # as some released checkpoints set
+    if every is not None:
+        trainer.add_callback(kt.KLMonitorCallback(trainer, [tok.bos_token], samples_per_prompt=16,
+                                                  max_new_tokens=5, every=every))
+    trainer.train()
+    return trainer.state.log_history
+
+
+_TIMINGS = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
+
+
+@pytest.fixture(scope="module")
+def saved_model(task, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("toy")
+    model, tok = kt.toy_model(task, hidden_size=16, num_layers=1, num_heads=2, seed=0)
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return str(directory), tok
+
+
+@pytest.mark.parametrize("kind", ["grpo", "rloo"])
+def test_a_trl_run_logs_the_same_records_with_the_callback(task, saved_model, kind: str) -> None:
+    """A 6-step run, logging every 3 steps: with the callback at every = 3 and every = 2, each record the
+    trainer writes is the one it writes without it (loss, grad_norm, TRL's kl ...), plus the callback's keys
+    on the training records; only timings differ."""
+    model_dir, tok = saved_model
+    base = _trl_records(kind, model_dir, tok, task, None)
+    assert [r["step"] for r in base] == [3, 6, 6] and "loss" in base[0] and "kl" in base[0]
+    for every in (3, 2):
+        records = _trl_records(kind, model_dir, tok, task, every)
+        assert len(records) == len(base)
+        for without, with_ in zip(base, records, strict=True):
+            ours = {k for k in with_ if k.startswith("kltutorial/")}
+            assert set(with_) - ours == set(without), every
+            for k, v in without.items():
+                if k not in _TIMINGS:
+                    assert with_[k] == v or (v != v and with_[k] != with_[k]), (every, k, with_[k], v)
+        monitored = [r.get("kltutorial/step") for r in records]
+        assert monitored == ([3, 6, None] if every == 3 else [2, 6, None])
 
 
 def test_the_callback_rejects_bad_input(task, small_model) -> None:

@@ -11,9 +11,10 @@ TRL 1.16 (the version pinned here) has two online RL trainers, ``GRPOTrainer`` a
 * :func:`reward_function` is the proxy reward as TRL's ``reward_funcs`` take it;
 * :func:`fixed_point` is where the trainer configured by a ``GRPOConfig`` or ``RLOOConfig`` stops, from
   :mod:`kltutorial.toyrlhf.recipes.fixed_points`;
-* :class:`KLMonitorCallback` logs the library's exact per-token KL, k1 and k3 with their standard errors,
-  the k1 - k3 gap's z, :func:`~kltutorial.monitoring.exact_kl_check`'s z and the exact entropy, through
-  the trainer's own logging, beside TRL's ``kl``; on any causal LM, gathered across processes.
+* :class:`KLMonitorCallback` adds to the trainer's own log records the library's exact per-position KL
+  summed along sampled completions, k1 and k3 with their standard errors, the k1 - k3 gap's z,
+  :func:`~kltutorial.monitoring.exact_kl_check`'s z and the exact entropy, beside TRL's ``kl``, without
+  changing any record the trainer writes; on any causal LM, gathered across processes.
 
 **Where each configuration stops** (TRL 1.16's code, read in ``grpo_trainer.py`` and ``rloo_trainer.py``):
 
@@ -30,12 +31,15 @@ TRL 1.16 (the version pinned here) has two online RL trainers, ``GRPOTrainer`` a
   :math:`\pi^*_\beta`.
 * ``RLOOTrainer`` subtracts :math:`\beta` times the sequence's k1 sum from the reward and uses the
   leave-one-out baseline: its expected gradient is :math:`\nabla(\mathbb{E}[s] - \beta\,\mathrm{KL})`, and
-  it stops at :math:`\pi^*_\beta`. ``normalize_advantages`` divides every advantage by one positive number
-  (and subtracts the batch mean, a baseline): the direction, and so the fixed point, stay.
+  it stops at :math:`\pi^*_\beta`. ``normalize_advantages`` subtracts the batch's mean advantage, which is 0
+  (each group's leave-one-out advantages sum to zero), and divides by the batch's std: one positive number
+  per batch, which one completion of B moves by O(1/B), so the point stays to that order.
 * The loss's normalisation (``loss_type`` ``"grpo"``, ``"bnpo"``, ``"dr_grpo"`` or ``"dapo"``, the default)
   scales score and penalty alike when every completion has the task's T tokens, as here, so it does not
-  move the fixed point; ``num_iterations`` > 1 reuses a batch, which changes the path, not the point where
-  the expected on-policy gradient vanishes; ``epsilon`` clips nothing on policy.
+  move the fixed point (the other loss types change the surrogate and are refused); ``num_iterations`` > 1
+  and ``steps_per_generation`` above the accumulation steps reuse a batch against
+  :math:`\pi_{\theta_\mathrm{old}}`, which changes the path, not the point where the expected on-policy
+  gradient vanishes (derived, not run); ``epsilon`` clips nothing on policy.
 
 **What the model is.** A ``LlamaForCausalLM`` whose vocabulary is the task's V tokens (ids 0 to V - 1, in
 the order of :data:`~kltutorial.toyrlhf.VOCAB`, so a completion's ids are its sequence) and ``<s>``,
@@ -49,7 +53,10 @@ Shapes: V task tokens, T positions, V**T sequences, P prefixes, M the model's vo
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -155,6 +162,12 @@ def toy_model(
     return model, tok
 
 
+def _plain_forward(model: torch.nn.Module):
+    """The model's forward without accelerate's mixed-precision wrapper (``prepare`` keeps the original as
+    ``_original_forward`` and wraps ``forward`` in autocast): the model's own precision."""
+    return getattr(model, "_original_forward", model.forward)
+
+
 def _prefix_inputs(task: ToyTask, bos: int) -> torch.Tensor:
     """(V**(T-1), T) inputs ``<s> y_1 ... y_{T-1}``: their logits at position L give every prefix of
     length L."""
@@ -163,11 +176,16 @@ def _prefix_inputs(task: ToyTask, bos: int) -> torch.Tensor:
     return torch.cat([torch.full((rows.shape[0], 1), bos, dtype=torch.long), rows], dim=1)
 
 
-def _full_table(model: torch.nn.Module, task: ToyTask, bos: int) -> torch.Tensor:
-    """(P, M) log-softmax of the model's logits at every prefix of the task, float64, differentiable."""
+def _full_table(model: torch.nn.Module, task: ToyTask, bos: int,
+                autocast: torch.dtype | None = None) -> torch.Tensor:
+    """(P, M) log-softmax of the model's logits at every prefix of the task, float64, differentiable; the
+    forward pass in the model's own precision, or under ``autocast`` to that dtype."""
     V, T, o = task.space.vocab_size, task.space.length, task.space.offsets
-    inputs = _prefix_inputs(task, bos).to(next(model.parameters()).device)
-    logits = model(input_ids=inputs).logits  # (V**(T-1), T, M)
+    device = next(model.parameters()).device
+    inputs = _prefix_inputs(task, bos).to(device)
+    dtype = autocast or torch.float32
+    with torch.autocast(device_type=device.type, dtype=dtype, enabled=autocast is not None):
+        logits = _plain_forward(model)(input_ids=inputs).logits  # (V**(T-1), T, M)
     logp = torch.log_softmax(logits.to(torch.float64), dim=-1).cpu()
     parts = []
     for L in range(T):  # the prefixes of length L are the rows V**(T-1-L) apart, at position L
@@ -219,12 +237,21 @@ def _check_model(model: object, tokenizer: object, task: ToyTask) -> int:
 
 
 @torch.no_grad()
-def model_tables(model: torch.nn.Module, tokenizer: Any, task: ToyTask) -> ModelTables:
+def model_tables(model: torch.nn.Module, tokenizer: Any, task: ToyTask, *,
+                 autocast: torch.dtype | None = None) -> ModelTables:
     """The model's exact next-token distributions at every prefix of ``task`` (one forward pass over the
-    V**(T-1) longest prefixes, after the prompt ``<s>``), in float64."""
+    V**(T-1) longest prefixes, after the prompt ``<s>``), in float64 from the model's own precision.
+
+    The forward pass runs outside autocast, also for a model that accelerate prepared for mixed precision
+    (its wrapper is bypassed): a TRL trainer with ``bf16=True`` (the default, on the CPU too) trains under
+    bf16 autocast, and its model's distribution read through the trainer is that one. ``autocast``
+    (e.g. ``torch.bfloat16``) reads it under autocast instead, as the trainer computes it.
+    """
     task = check_task(task)
     bos = _check_model(model, tokenizer, task)
-    full = _full_table(model, task, bos)
+    if autocast is not None and not isinstance(autocast, torch.dtype):
+        raise TypeError(f"autocast must be a torch.dtype or None, got {type(autocast).__name__}")
+    full = _full_table(model, task, bos, autocast)
     V = task.space.vocab_size
     on = torch.logsumexp(full[:, :V], dim=-1)  # (P,): log of the mass on the task's tokens
     return ModelTables(table=full[:, :V] - on[:, None], full=full, off_task=-torch.expm1(on))
@@ -319,52 +346,151 @@ def reward_function(task: ToyTask, reward: str = "proxy"):
 
 _SUPPORTED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
+#: The keys of ``generation_kwargs`` that leave the sampled distribution alone (caching, compilation, what
+#: ``generate`` returns); any other key may change it (a logits processor, a stopping rule) and is refused.
+NEUTRAL_GENERATION_KWARGS: frozenset[str] = frozenset({
+    "use_cache", "cache_implementation", "cache_config", "disable_compile", "compile_config",
+    "output_scores", "output_logits", "return_dict_in_generate", "output_attentions", "output_hidden_states",
+})
 
-def _require(args: Any, name: str, ok: bool, want: str) -> None:
-    if not ok:
-        raise ValueError(
-            f"{type(args).__name__}.{name}={getattr(args, name, None)!r}: fixed_point needs {want}"
-        )
+
+@dataclass(frozen=True)
+class _Field:
+    """How :func:`fixed_point` treats one field of a trainer's config: ``role`` is ``"modelled"`` (read into
+    the point), ``"path"`` (changes how the run gets there, not where the expected on-policy gradient
+    vanishes), or ``"inert"`` (loading, logging, another engine's settings that are unused here); ``ok`` is
+    the values it accepts (None: every value), ``want`` says them in the refusal."""
+
+    role: str
+    ok: Any = None  # Callable[[args], bool] | None
+    want: str = ""
 
 
-def _check_common(args: Any, task: ToyTask) -> tuple[float, int, float]:
-    beta = float(args.beta)
-    if beta <= 0:
-        raise ValueError(
-            f"{type(args).__name__}.beta={args.beta!r}: without a KL penalty the trainer has no fixed point "
-            "(it climbs the reward until the policy is deterministic); set beta > 0"
-        )
-    G = args.num_generations
-    _require(args, "num_generations", isinstance(G, int) and G >= 2, "at least 2 (a group baseline)")
-    _require(args, "temperature", args.temperature == 1.0, "1.0 (the exact policy is the untempered model)")
-    _require(args, "top_p", args.top_p == 1.0, "1.0 (no nucleus sampling)")
-    _require(args, "top_k", args.top_k in (0, None), "0 (no top-k sampling)")
-    _require(args, "min_p", getattr(args, "min_p", None) is None, "None")
-    _require(args, "repetition_penalty", getattr(args, "repetition_penalty", 1.0) == 1.0, "1.0")
-    _require(args, "max_completion_length", args.max_completion_length == task.space.length,
-             f"the task's length, {task.space.length}")
-    _require(args, "mask_truncated_completions", not args.mask_truncated_completions,
-             "False (every completion of the task is cut at max_completion_length)")
-    _require(args, "sync_ref_model", not args.sync_ref_model, "False (a moving reference has no fixed point)")
-    _require(args, "use_vllm", not getattr(args, "use_vllm", False), "False")
-    weights = getattr(args, "reward_weights", None)
-    _require(args, "reward_weights", weights is None or len(weights) == 1, "one weight (one reward function)")
-    return beta, G, 1.0 if weights is None else float(weights[0])
+_neutral = {
+    "temperature": _Field("modelled", lambda a: a.temperature == 1.0,
+                          "1.0 (the exact policy is the untempered model)"),
+    "top_p": _Field("modelled", lambda a: a.top_p == 1.0, "1.0 (no nucleus sampling)"),
+    "top_k": _Field("modelled", lambda a: a.top_k in (0, None), "0 (no top-k sampling)"),
+    "min_p": _Field("modelled", lambda a: a.min_p in (None, 0.0), "None (no min-p sampling)"),
+    "repetition_penalty": _Field("modelled", lambda a: a.repetition_penalty == 1.0, "1.0 (no penalty)"),
+    "generation_kwargs": _Field(
+        "modelled",
+        lambda a: not set(a.generation_kwargs or {}) - NEUTRAL_GENERATION_KWARGS,
+        "no key that changes sampling (only " + ", ".join(sorted(NEUTRAL_GENERATION_KWARGS)) + ")"),
+}
+
+#: Every field TRL 1.16's ``GRPOConfig`` and ``RLOOConfig`` add to ``TrainingArguments``, as
+#: :func:`fixed_point` treats it (the module docstring and :func:`fixed_point`'s say why).
+CONFIG_FIELDS: dict[str, _Field] = {
+    # the penalty, the group and the reward
+    "beta": _Field("modelled", lambda a: a.beta > 0,
+                   "beta > 0 (without a KL penalty the trainer climbs the reward until the policy is "
+                   "deterministic: no fixed point)"),
+    "num_generations": _Field(
+        "modelled", lambda a: isinstance(a.num_generations, int) and a.num_generations >= 2,
+        "at least 2 (a group baseline)"),
+    "max_completion_length": _Field("modelled"),  # checked against the task's T in fixed_point
+    "reward_weights": _Field("modelled", lambda a: a.reward_weights is None or len(a.reward_weights) == 1,
+                             "one weight (one reward function)"),
+    "scale_rewards": _Field("modelled", lambda a: a.scale_rewards in ("none", "group", "batch"),
+                            "'none', 'group' or 'batch'"),
+    "use_bias_correction_kl": _Field("modelled"),
+    "loss_type": _Field("modelled", lambda a: a.loss_type in _SUPPORTED_LOSSES,
+                        f"one of {', '.join(_SUPPORTED_LOSSES)} (a normalisation of the token sum)"),
+    "importance_sampling_level": _Field("modelled", lambda a: a.importance_sampling_level == "token",
+                                        "'token' (a sequence-level ratio changes k3's weighting)"),
+    "multi_objective_aggregation": _Field(
+        "modelled", lambda a: a.multi_objective_aggregation == "sum_then_normalize", "'sum_then_normalize'"),
+    "normalize_advantages": _Field("modelled"),  # RLOO: subtracts 0, divides by one positive number per batch
+    **_neutral,
+    # settings that change the objective: refused unless off
+    "mask_truncated_completions": _Field(
+        "modelled", lambda a: not a.mask_truncated_completions,
+        "False (every completion of the task is cut at max_completion_length)"),
+    "sync_ref_model": _Field("modelled", lambda a: not a.sync_ref_model,
+                             "False (a moving reference has no fixed point)"),
+    "top_entropy_quantile": _Field("modelled", lambda a: a.top_entropy_quantile == 1.0,
+                                   "1.0 (every token in the loss)"),
+    "entropy_coef": _Field("modelled", lambda a: a.entropy_coef == 0.0, "0.0 (no entropy bonus)"),
+    "use_adaptive_entropy": _Field("modelled", lambda a: not a.use_adaptive_entropy,
+                                   "False (it turns TRL's entropy bonus on)"),
+    "off_policy_mask_threshold": _Field("modelled", lambda a: a.off_policy_mask_threshold is None,
+                                        "None (no sequence masking)"),
+    "reward_clip_range": _Field("modelled", lambda a: a.reward_clip_range is None,
+                                "None (no reward clipping)"),
+    "use_vllm": _Field("modelled", lambda a: not a.use_vllm,
+                       "False (vLLM samples in its own precision and kernels)"),
+    "use_transformers_continuous_batching": _Field(
+        "modelled", lambda a: not a.use_transformers_continuous_batching,
+        "False (another sampler, not checked here)"),
+    "use_transformers_paged": _Field("modelled", lambda a: not a.use_transformers_paged,
+                                     "False (another sampler, not checked here)"),
+    # the path, not the point
+    "num_iterations": _Field("path"), "epsilon": _Field("path"), "epsilon_high": _Field("path"),
+    "delta": _Field("path"), "steps_per_generation": _Field("path"), "generation_batch_size": _Field("path"),
+    "disable_dropout": _Field("path"), "cast_lm_head_to_fp32": _Field("path"),
+    "shuffle_dataset": _Field("path"),
+    # unused with the settings above (another loss type, the entropy controller off, no sync, no vLLM)
+    **{name: _Field("inert") for name in (
+        "sapo_temperature_neg", "sapo_temperature_pos", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
+        "vespo_lambda_neg", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target",
+        "ref_model_mixup_alpha", "ref_model_sync_steps", "vllm_mode", "vllm_model_impl",
+        "vllm_enable_sleep_mode", "vllm_structured_outputs_regex", "vllm_server_base_url", "vllm_server_host",
+        "vllm_server_port", "vllm_server_timeout", "vllm_group_port", "vllm_gpu_memory_utilization",
+        "vllm_max_model_length", "vllm_tensor_parallel_size", "vllm_importance_sampling_correction",
+        "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
+        "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap",
+        "transformers_continuous_batching_config")},
+    # loading, the data pipeline, evaluation, logging
+    **{name: _Field("inert") for name in (
+        "model_init_kwargs", "trust_remote_code", "router_aux_loss_coef", "num_generations_eval",
+        "ds3_gather_for_generation", "pad_to_multiple_of", "chat_template_kwargs", "cache_implementation",
+        "max_tool_calling_iterations", "log_completions", "log_multimodal", "num_completions_to_print",
+        "log_unique_prompts", "log_completions_hub_repo")},
+}
+
+#: ``TrainingArguments`` fields that move the point (the rest change the path: optimiser, schedule,
+#: clipping of the step, precision, batching).
+TRAINING_ARGUMENT_FIELDS: dict[str, _Field] = {
+    "weight_decay": _Field("modelled", lambda a: a.weight_decay == 0.0,
+                           "0.0 (weight decay pulls the weights, and so the point, toward zero)"),
+}
+
+
+def _own_fields(args: Any) -> list[str]:
+    base = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+    return [f.name for f in dataclasses.fields(args) if f.name not in base]
+
+
+def _check_fields(args: Any, task: ToyTask) -> tuple[float, int, float]:
+    """Refuse, naming it, every setting of ``args`` that moves the point and that the package does not
+    model; return (beta, G, the reward's weight)."""
+    cls = type(args).__name__
+    for name in _own_fields(args):
+        rule = CONFIG_FIELDS.get(name)
+        if rule is None:  # a field TRL 1.16 did not have: accepted only at its default
+            default = next(f for f in dataclasses.fields(args) if f.name == name).default
+            if getattr(args, name) != default:
+                raise ValueError(
+                    f"{cls}.{name}={getattr(args, name)!r}: fixed_point does not know this setting (TRL 1.16 "
+                    "has no such field) and cannot tell whether it moves the point; leave it at its default"
+                )
+            continue
+        if rule.ok is not None and not rule.ok(args):
+            raise ValueError(f"{cls}.{name}={getattr(args, name)!r}: fixed_point needs {rule.want}")
+    for name, rule in TRAINING_ARGUMENT_FIELDS.items():
+        if not rule.ok(args):
+            raise ValueError(f"{cls}.{name}={getattr(args, name)!r}: fixed_point needs {rule.want}")
+    if args.max_completion_length != task.space.length:
+        raise ValueError(f"{cls}.max_completion_length={args.max_completion_length!r}: fixed_point needs "
+                         f"the task's length, {task.space.length}")
+    weights = args.reward_weights
+    return float(args.beta), args.num_generations, 1.0 if weights is None else float(weights[0])
 
 
 def _grpo_settings(args: Any) -> tuple[str, str]:
-    """(divergence, scale) of a GRPOConfig, or ValueError naming the setting the package cannot compute."""
-    _require(args, "loss_type", args.loss_type in _SUPPORTED_LOSSES, f"one of {', '.join(_SUPPORTED_LOSSES)}")
-    _require(args, "importance_sampling_level", args.importance_sampling_level == "token", "'token'")
-    _require(args, "scale_rewards", args.scale_rewards in ("none", "group", "batch"),
-             "'none', 'group' or 'batch'")
-    _require(args, "multi_objective_aggregation", args.multi_objective_aggregation == "sum_then_normalize",
-             "'sum_then_normalize'")
-    _require(args, "top_entropy_quantile", args.top_entropy_quantile == 1.0, "1.0 (every token in the loss)")
-    _require(args, "off_policy_mask_threshold", args.off_policy_mask_threshold is None, "None")
-    _require(args, "entropy_coef", not getattr(args, "entropy_coef", 0.0), "0 (no entropy bonus)")
-    divergence = "reverse" if args.use_bias_correction_kl else "forward"
-    return divergence, args.scale_rewards
+    """(divergence, scale) of a GRPOConfig whose fields :func:`_check_fields` accepted."""
+    return ("reverse" if args.use_bias_correction_kl else "forward"), args.scale_rewards
 
 
 def fixed_point(task: ToyTask, args: Any) -> torch.Tensor:
@@ -383,24 +509,59 @@ def fixed_point(task: ToyTask, args: Any) -> torch.Tensor:
     Raises
     ------
     ValueError
-        For ``beta`` = 0 (no fixed point), a sampling setting that makes the sampled policy differ from the
-        model's distribution (temperature, top-k, top-p, ...), and a setting whose fixed point the package
-        cannot compute; the message names the setting.
+        For every setting that moves the point and that the package does not model; the message names the
+        setting and the value it needs. Also for a field TRL 1.16 does not have, unless it is at its default.
     TypeError
         For ``args`` of another type.
+    RuntimeError
+        Only if the self-consistent GRPO point with ``scale_rewards="group"`` or ``"batch"`` did not settle
+        (:func:`~kltutorial.toyrlhf.recipes.fixed_points.loss_fixed_point_table`).
+
+    Notes
+    -----
+    Every field that TRL 1.16's ``GRPOConfig`` and ``RLOOConfig`` add to ``TrainingArguments``, read one by
+    one (:data:`CONFIG_FIELDS` holds the same list, and a test checks it against the installed TRL):
+
+    * **modelled**: ``beta`` (> 0), ``num_generations`` (G >= 2), ``max_completion_length`` (the task's
+      T), ``reward_weights`` (one), ``scale_rewards``, ``use_bias_correction_kl``, ``loss_type`` (grpo,
+      bnpo, dr_grpo, dapo: with every completion T tokens long they scale score and penalty alike),
+      ``importance_sampling_level`` ("token"), ``multi_objective_aggregation`` ("sum_then_normalize"),
+      ``normalize_advantages`` (RLOO: the batch mean it subtracts is 0, the std it divides by one positive
+      number per batch);
+    * **refused unless neutral**, since each changes the sampled distribution or the objective:
+      ``temperature`` (1), ``top_p`` (1), ``top_k`` (0), ``min_p`` (None), ``repetition_penalty`` (1),
+      ``generation_kwargs`` (only keys of :data:`NEUTRAL_GENERATION_KWARGS`), ``mask_truncated_completions``,
+      ``sync_ref_model``, ``top_entropy_quantile`` (1), ``entropy_coef`` (0), ``use_adaptive_entropy``
+      (it turns the entropy bonus on), ``off_policy_mask_threshold``, ``reward_clip_range``, ``use_vllm``,
+      ``use_transformers_continuous_batching`` and ``use_transformers_paged`` (other samplers); and of
+      ``TrainingArguments``, ``weight_decay`` (0);
+    * **the path, not the point** (where the expected on-policy gradient vanishes does not depend on
+      them): ``num_iterations``, ``steps_per_generation``, ``generation_batch_size`` (both reuse a batch
+      against :math:`\pi_{\theta_\mathrm{old}}`), ``epsilon``, ``epsilon_high``, ``delta`` (clipping, inactive
+      on policy), ``disable_dropout``, ``cast_lm_head_to_fp32``, ``shuffle_dataset``, and the optimiser,
+      schedule, step clipping and precision of ``TrainingArguments``;
+    * **inert** with the settings above: ``sapo_temperature_neg``, ``sapo_temperature_pos``,
+      ``vespo_k_pos``, ``vespo_lambda_pos``, ``vespo_k_neg``, ``vespo_lambda_neg`` (other loss types),
+      ``entropy_coef_min``, ``entropy_coef_max``, ``entropy_coef_delta``, ``entropy_target`` (the adaptive
+      entropy controller), ``ref_model_mixup_alpha``, ``ref_model_sync_steps`` (the reference's sync),
+      every ``vllm_*`` field and ``transformers_continuous_batching_config`` (other engines),
+      ``model_init_kwargs``, ``trust_remote_code``, ``router_aux_loss_coef`` (a mixture of experts' router;
+      the toy model has none), ``num_generations_eval``, ``ds3_gather_for_generation``,
+      ``pad_to_multiple_of``, ``chat_template_kwargs``, ``cache_implementation``,
+      ``max_tool_calling_iterations``, ``log_completions``, ``log_multimodal``, ``log_unique_prompts``,
+      ``log_completions_hub_repo`` and ``num_completions_to_print``.
     """
     task = check_task(task)
     scores = task.proxy_reward
     if isinstance(args, trl.GRPOConfig):
-        beta, G, w = _check_common(args, task)
+        beta, G, w = _check_fields(args, task)
         divergence, scale = _grpo_settings(args)
         table = loss_fixed_point_table(
             task.space, task.ref_table, w * scores, beta, divergence=divergence, group_size=G, scale=scale
         )
         return ex.sequence_logprobs(task.space, table)
     if isinstance(args, trl.RLOOConfig):
-        beta, _, w = _check_common(args, task)
-        _require(args, "reward_clip_range", args.reward_clip_range is None, "None (no reward clipping)")
+        beta, _, w = _check_fields(args, task)
         return ex.optimal_policy(task.ref_logprobs, w * scores, beta)
     raise TypeError(f"args must be a trl.GRPOConfig or trl.RLOOConfig, got {type(args).__name__}")
 
@@ -414,7 +575,7 @@ def fixed_point_candidates(
     :math:`c = \beta`, since RLOO's leave-one-out baseline leaves the score's weight at 1). ``args``'s own
     (:func:`fixed_point`) is among them when its ``scale_rewards`` is in ``scales``."""
     task = check_task(task)
-    beta, G, w = _check_common(args, task)
+    beta, G, w = _check_fields(args, task)
     scores = w * task.proxy_reward
     out = {"optimum": ex.optimal_policy(task.ref_logprobs, scores, beta)}
     grpo = isinstance(args, trl.GRPOConfig)
@@ -447,8 +608,10 @@ class MonitorSample:
 
 def monitor_statistics(policy: torch.Tensor, reference: torch.Tensor, kl: torch.Tensor,
                        entropy_: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """The callback's numbers from per-token tensors (B, T) of sampled completions: the exact KL (per
-    sequence and per token), k1 and k3 per sequence with their standard errors, the gap's z, the exact-KL
+    """The callback's numbers from per-token tensors (B, T) of sampled completions: ``exact_kl``, the mean
+    over the completions of the exact per-position KLs summed along each (an unbiased estimate of the
+    sequence KL, with ``exact_kl_se`` its standard error: the positions' terms are exact, the prefixes
+    sampled) and per token, k1 and k3 per sequence with their standard errors, the gap's z, the exact-KL
     check's z and the exact entropy per token.
 
     ``policy`` and ``reference`` are the sampled tokens' log-probs, ``kl`` and ``entropy_`` the exact KL
@@ -482,27 +645,78 @@ def monitor_statistics(policy: torch.Tensor, reference: torch.Tensor, kl: torch.
     }
 
 
+#: The ``GenerationConfig`` fields that add a logits processor or a stopping rule to sampling, with the
+#: values at which they do nothing.
+SAMPLER_FIELDS: dict[str, tuple[Any, ...]] = {
+    "top_k": (None, 0), "top_p": (None, 1.0), "min_p": (None, 0.0), "typical_p": (None, 1.0),
+    "epsilon_cutoff": (None, 0.0), "eta_cutoff": (None, 0.0), "repetition_penalty": (None, 1.0),
+    "encoder_repetition_penalty": (None, 1.0), "no_repeat_ngram_size": (None, 0),
+    "encoder_no_repeat_ngram_size": (None, 0), "bad_words_ids": (None,), "suppress_tokens": (None,),
+    "begin_suppress_tokens": (None,), "sequence_bias": (None,), "forced_bos_token_id": (None,),
+    "forced_eos_token_id": (None,), "min_length": (None, 0), "min_new_tokens": (None, 0),
+    "exponential_decay_length_penalty": (None,), "diversity_penalty": (None, 0.0),
+}
+
+
+def sampler_differences(trainer: Any) -> list[str]:
+    """The settings with which ``trainer`` samples from something other than its policy's softmax at its
+    temperature: each as ``"name=value"``.
+
+    A TRL trainer samples with its ``generation_config`` (built from its args: ``top_p``, ``top_k``,
+    ``min_p``, ``repetition_penalty`` and ``generation_kwargs``); transformers fills each field left None
+    there from the model's own ``generation_config`` (the checkpoint's), so both are read. A trainer without
+    a ``generation_config`` samples as its model's ``generation_config`` says.
+    """
+    model = getattr(trainer, "model", None)
+    model_config = getattr(model, "generation_config", None)
+    own = getattr(trainer, "generation_config", None)
+    out = []
+    for name, neutral in SAMPLER_FIELDS.items():
+        value = getattr(own, name, None)
+        if value is None:
+            value = getattr(model_config, name, None)
+        if value not in neutral:
+            out.append(f"{name}={value!r}")
+    return out
+
+
 class KLMonitorCallback(transformers.TrainerCallback):
-    r"""Every ``every`` steps, sample completions of fixed prompts from the policy and log the library's
-    exact KL beside TRL's own ``kl``.
+    r"""Every ``every`` steps, sample completions of fixed prompts from the policy and add the library's exact
+    KL to the trainer's own log record, beside TRL's ``kl``.
 
-    It samples ``samples_per_prompt`` completions of each prompt (``max_new_tokens`` tokens at most, stopping
-    at the tokenizer's EOS; temperature 1, no top-k or top-p, from a seeded generator in a forked RNG, so
-    training's random stream is untouched), scores them under the policy and the reference, and computes
-    per token the log-probs of the sampled tokens, the exact KL of the two next-token distributions
-    (:func:`~kltutorial.logprobs.exact_kl`) and the policy's exact entropy; then
-    :func:`monitor_statistics`. Under several processes (``accelerate launch``) each rank samples its share
-    of the prompts (prompt ``i`` on rank ``i mod R``), the per-token tensors are gathered, and every rank
-    computes the same numbers from all of them (a rank may hold more prompts than another, or none). Not
-    under DeepSpeed ZeRO-3 or FSDP, whose sharded parameters need every rank in every forward pass, while
-    here each rank generates for its own prompts only.
+    **What it measures.** It samples ``samples_per_prompt`` completions of each prompt (``max_new_tokens``
+    at most, stopping at the tokenizer's EOS) from the policy's softmax at the trainer's ``temperature``
+    (``args.temperature``, 1 for a trainer without one), with its own sampler: a loop over the model's
+    forward pass with its KV cache and a ``torch.Generator`` seeded from ``seed``, the step and the rank. It
+    never calls ``generate``, so no field of the checkpoint's ``generation_config`` (a
+    ``repetition_penalty``, ``min_p``, ``no_repeat_ngram_size`` ...) reaches its samples. It scores them
+    under the policy and the reference at that temperature, as TRL computes its ``kl`` (both models'
+    logits divided by it), in float64 from the models' own precision, outside autocast (accelerate's
+    mixed-precision wrapper is bypassed); then per token the sampled tokens' log-probs, the exact KL of
+    the two next-token distributions (:func:`~kltutorial.logprobs.exact_kl`) and the policy's exact
+    entropy, and :func:`monitor_statistics` of them. When the trainer's own sampler differs from that
+    softmax (:func:`sampler_differences`: top-k, top-p, a penalty, from its args or the checkpoint), the
+    constructor warns and every record says so (``kltutorial/sampler_differs`` = 1): TRL's rollouts then
+    come from another distribution than the one both measure.
 
-    The numbers are logged with ``trainer.log``, prefixed ``kltutorial/``, so every ``report_to`` sink gets
-    them; a TRL trainer's ``log`` adds its own metrics averaged since its last log, ``kl`` among them, to the
-    same record. They are also kept in ``history``, one dict per monitored step. TRL's GRPO ``kl`` is
-    the mean per-token k3 of its training batch (weighted by the importance ratio, 1 on policy, when
-    ``use_bias_correction_kl``), RLOO's the mean per-token k1: compare them with ``k3_per_token`` and
-    ``exact_kl_per_token``.
+    **What it changes: nothing.** It does not call ``trainer.log`` (a call there would make transformers
+    skip the trainer's own record of that step and clear TRL's metric buffer). Its numbers wait until the
+    trainer writes its next record, and join it: the callback wraps the trainer's ``log`` (this instance's
+    attribute) so that the record gets the keys ``kltutorial/...`` and ``kltutorial/step`` (the step they
+    were measured at) before the trainer's own ``log`` runs; every ``report_to`` sink and
+    ``state.log_history`` see one record. With ``every`` a multiple of ``logging_steps`` the numbers are
+    the record's own step's; otherwise the latest monitored step's (every monitored step is in
+    ``history``). Sampling consumes no global random number and leaves the model's training mode as it was.
+
+    Under several processes (``accelerate launch``) each rank samples its share of the prompts (prompt
+    ``i`` on rank ``i mod R``), the per-token tensors are gathered, and every rank computes the same numbers
+    from all of them (a rank may hold more prompts than another, or none). Not under DeepSpeed ZeRO-3 or
+    FSDP, whose sharded parameters need every rank in every forward pass, while here each rank samples for
+    its own prompts only.
+
+    TRL's GRPO ``kl`` is the mean per-token k3 of its training batch (weighted by the importance ratio, 1
+    on policy, when ``use_bias_correction_kl``), RLOO's the mean per-token k1: compare them with
+    ``k3_per_token`` and ``exact_kl_per_token``.
 
     Parameters
     ----------
@@ -531,6 +745,8 @@ class KLMonitorCallback(transformers.TrainerCallback):
                             ("every", every)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         state = getattr(getattr(trainer, "accelerator", None), "state", None)
         zero = getattr(getattr(state, "deepspeed_plugin", None), "zero_stage", None)
         if getattr(state, "fsdp_plugin", None) is not None or zero == 3:
@@ -541,10 +757,26 @@ class KLMonitorCallback(transformers.TrainerCallback):
         ref = ref_model if ref_model is not None else getattr(trainer, "ref_model", None)
         if ref is None:
             raise ValueError("no reference model: the trainer has none (beta = 0, or PEFT); pass ref_model")
+        temperature = float(getattr(getattr(trainer, "args", None), "temperature", 1.0))
+        if not temperature > 0:
+            raise ValueError(f"the trainer's temperature must be positive, got {temperature!r}")
         self.trainer, self.ref_model = trainer, ref
         self.prompts, self.samples_per_prompt = list(prompts), samples_per_prompt
         self.max_new_tokens, self.every, self.seed = max_new_tokens, every, seed
+        self.temperature = temperature
+        #: The settings with which the trainer's sampler differs from the softmax measured here.
+        self.sampler_differences = sampler_differences(trainer)
+        if self.sampler_differences:
+            warnings.warn(
+                "KLMonitorCallback samples the policy's softmax at temperature "
+                f"{temperature:g}; the trainer samples with {', '.join(self.sampler_differences)}, so its "
+                "rollouts (and its own kl) come from another distribution (logged as "
+                "kltutorial/sampler_differs)",
+                stacklevel=2)
         self.history: list[dict[str, float]] = []
+        self._pending: dict[str, float] | None = None
+        self._trainer_log = trainer.log
+        trainer.log = self._log  # the record the trainer writes next gets the callback's numbers
 
     # -- the callback's events
     def on_train_begin(self, args, state, control, **kwargs):
@@ -553,6 +785,13 @@ class KLMonitorCallback(transformers.TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.every == 0:
             self._monitor(state.global_step)
+
+    # -- joining the trainer's record
+    def _log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        if self._pending is not None and not any(str(k).startswith("eval_") for k in logs):
+            logs.update(self._pending)
+            self._pending = None
+        return self._trainer_log(logs, *args, **kwargs)
 
     # -- the work
     def _processing(self):
@@ -570,8 +809,13 @@ class KLMonitorCallback(transformers.TrainerCallback):
         ref = acc.unwrap_model(self.ref_model) if acc is not None else self.ref_model
         tok = self._processing()
         mine = [p for i, p in enumerate(self.prompts) if i % world == rank]
-        return _sample_completions(model, ref, tok, mine, self.samples_per_prompt, self.max_new_tokens,
-                                   seed=hash((self.seed, step, rank)) % (2**63))
+        was_training = model.training
+        try:
+            return _sample_completions(model, ref, tok, mine, self.samples_per_prompt, self.max_new_tokens,
+                                       seed=hash((self.seed, step, rank)) % (2**63),
+                                       temperature=self.temperature)
+        finally:
+            model.train(was_training)
 
     def statistics(self, sample: MonitorSample) -> dict[str, float]:
         """:func:`monitor_statistics` of ``sample`` gathered from every rank."""
@@ -590,58 +834,81 @@ class KLMonitorCallback(transformers.TrainerCallback):
         return monitor_statistics(p, r, k, h, m.bool())
 
     def _monitor(self, step: int) -> None:
-        was_training = self.trainer.model.training
         stats = self.statistics(self.sample(step))
-        if was_training:
-            self.trainer.model.train()
         self.history.append({"step": step, **stats})
-        self.trainer.log({f"kltutorial/{k}": v for k, v in stats.items()})
+        self._pending = {**{f"kltutorial/{k}": v for k, v in stats.items()}, "kltutorial/step": step,
+                         "kltutorial/temperature": self.temperature,
+                         "kltutorial/sampler_differs": float(bool(self.sampler_differences))}
 
 
 @torch.no_grad()
 def _sample_completions(model: torch.nn.Module, ref: torch.nn.Module, tok: Any, prompts: Sequence[str],
-                        n: int, max_new_tokens: int, *, seed: int) -> MonitorSample:
+                        n: int, max_new_tokens: int, *, seed: int, temperature: float = 1.0) -> MonitorSample:
+    """``n`` completions of each prompt from the policy's softmax at ``temperature``, and their per-token
+    tensors; the models in eval mode (the caller restores the policy's), autocast off."""
     device = next(model.parameters()).device
     model.eval()
     T = max_new_tokens
+    forward, ref_forward = _plain_forward(model), _plain_forward(ref)
+    gen = torch.Generator(device=device).manual_seed(seed)
     parts = []
-    for prompt in prompts:
-        ids = tok(prompt, add_special_tokens=False, return_tensors="pt").input_ids.to(device)  # (1, L)
-        prompt_ids = ids.expand(n, -1)
-        with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]):
-            torch.manual_seed(seed)
-            seed = (seed * 6364136223846793005 + 1442695040888963407) % (2**63)
-            out = model.generate(
-                input_ids=prompt_ids, attention_mask=torch.ones_like(prompt_ids), do_sample=True,
-                temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=T, min_new_tokens=0,
-                pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-            )
-        completion = out[:, ids.shape[1] :]  # (n, <= T)
-        if completion.shape[1] < T:
-            pad = torch.full((n, T - completion.shape[1]), tok.pad_token_id, dtype=completion.dtype,
-                             device=device)
-            completion = torch.cat([completion, pad], dim=1)
-        # a completion's tokens: up to and including its first EOS (as TRL's completion mask)
-        is_eos = completion == tok.eos_token_id
-        after = (is_eos.cumsum(-1) - is_eos.long()) > 0
-        mask = ~after
-        full = torch.cat([prompt_ids, completion], dim=1)
-        attn = torch.cat([torch.ones_like(prompt_ids), mask.long()], dim=1)
-        L = ids.shape[1]
-        lp = torch.log_softmax(model(input_ids=full, attention_mask=attn).logits[:, L - 1 : -1].float(), -1)
-        lq = torch.log_softmax(ref(input_ids=full, attention_mask=attn).logits[:, L - 1 : -1].float(), -1)
-        token = completion.unsqueeze(-1)
-        parts.append(MonitorSample(
-            tokens=completion.cpu(),
-            policy=lp.gather(-1, token).squeeze(-1).double().cpu(),
-            reference=lq.gather(-1, token).squeeze(-1).double().cpu(),
-            kl=exact_kl(lp, lq, mask).double().cpu(),
-            entropy=entropy(lp).double().cpu(),
-            mask=mask.cpu(),
-        ))
+    with torch.autocast(device_type=device.type, enabled=False):
+        for prompt in prompts:
+            ids = tok(prompt, add_special_tokens=False, return_tensors="pt").input_ids.to(device)  # (1, L)
+            prompt_ids = ids.expand(n, -1)
+            completion = _sample_tokens(forward, prompt_ids, T, temperature, tok.eos_token_id,
+                                        tok.pad_token_id, gen)  # (n, T)
+            # a completion's tokens: up to and including its first EOS (as TRL's completion mask)
+            is_eos = completion == tok.eos_token_id
+            after = (is_eos.cumsum(-1) - is_eos.long()) > 0
+            mask = ~after
+            full = torch.cat([prompt_ids, completion], dim=1)
+            attn = torch.cat([torch.ones_like(prompt_ids), mask.long()], dim=1)
+            L = ids.shape[1]
+            lp, lq = (_completion_logprobs(f, full, attn, L, temperature) for f in (forward, ref_forward))
+            token = completion.unsqueeze(-1)
+            parts.append(MonitorSample(
+                tokens=completion.cpu(),
+                policy=lp.gather(-1, token).squeeze(-1).cpu(),
+                reference=lq.gather(-1, token).squeeze(-1).cpu(),
+                kl=exact_kl(lp, lq, mask).cpu(),
+                entropy=entropy(lp).cpu(),
+                mask=mask.cpu(),
+            ))
     if not parts:  # a rank that holds none of the prompts (more processes than prompts)
         empty = torch.empty(0, T, dtype=torch.float64)
         return MonitorSample(torch.empty(0, T, dtype=torch.long), empty, empty, empty, empty,
                              torch.empty(0, T, dtype=torch.bool))
     fields = ("tokens", "policy", "reference", "kl", "entropy", "mask")
     return MonitorSample(*(torch.cat([getattr(s, f) for s in parts]) for f in fields))
+
+
+def _completion_logprobs(forward, full: torch.Tensor, attn: torch.Tensor, L: int,
+                         temperature: float) -> torch.Tensor:
+    """(n, T, M) log-probs at every completion position of ``full`` (prompt of ``L`` tokens, then the
+    completion), at ``temperature``, in float64."""
+    logits = forward(input_ids=full, attention_mask=attn).logits[:, L - 1 : -1]
+    return torch.log_softmax(logits.to(torch.float64) / temperature, -1)
+
+
+def _sample_tokens(forward, prompt_ids: torch.Tensor, T: int, temperature: float, eos: int | None,
+                   pad: int, gen: torch.Generator) -> torch.Tensor:
+    """(n, T) tokens drawn from ``softmax(logits / temperature)`` one position at a time, with the KV cache;
+    after a row's EOS its positions hold ``pad`` (and are masked by the caller)."""
+    n = prompt_ids.shape[0]
+    # transformers 5.24 names the KV cache ``cache`` (argument and output); earlier, ``past_key_values``
+    key = "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+    out = forward(input_ids=prompt_ids, use_cache=True)
+    tokens = torch.full((n, T), pad, dtype=torch.long, device=prompt_ids.device)
+    done = torch.zeros(n, dtype=torch.bool, device=prompt_ids.device)
+    for t in range(T):
+        probs = torch.softmax(out.logits[:, -1].to(torch.float64) / temperature, -1)  # (n, M)
+        y = torch.multinomial(probs, 1, generator=gen).squeeze(-1)  # (n,)
+        y = torch.where(done, torch.full_like(y, pad), y)
+        tokens[:, t] = y
+        if eos is not None:
+            done |= y == eos
+        if t + 1 == T or bool(done.all()):
+            break
+        out = forward(input_ids=y[:, None], use_cache=True, **{key: getattr(out, key)})
+    return tokens
