@@ -11,6 +11,11 @@ expected proxy and gold rewards. The runs take minutes, so the book reads their 
     python -m kltutorial.studies.trl_runs --json book/data/trl-runs.json
 
 and :func:`run` is what the page also calls, live, for one short run.
+
+**Precision.** The runs train in TRL's default precision, bf16 autocast (``bf16=True``, on by default also
+with ``use_cpu=True``). The stored file's enumerations of the trained networks were made under that
+autocast too, before :func:`~kltutorial.integrations.trl.model_tables` ran outside it;
+:func:`precision_effect` measures the difference on a trained network.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from ..toyrlhf.recipes import with_reference
 from ..toyrlhf.task import ToyTask
 
 __all__ = ["TRLRun", "RUNS", "book_task", "distilled_model", "make_args", "run", "run_all", "read_results",
-           "summary", "label", "CANDIDATES", "format_table", "format_outcomes", "main"]
+           "summary", "label", "CANDIDATES", "format_table", "format_outcomes", "precision_effect", "main"]
 
 
 @dataclass(frozen=True)
@@ -118,15 +123,15 @@ def _candidate_names(spec: TRLRun) -> dict[str, str]:
 
 
 def run(
-    spec: TRLRun, task: ToyTask, model_dir: str | Path, *, measure: bool = True
+    spec: TRLRun, task: ToyTask, model_dir: str | Path, *, measure: bool = True, keep_model: bool = False
 ) -> dict[str, Any]:
     """Train ``spec`` from the network saved in ``model_dir`` and measure where it ended, exactly.
 
     Returns a dict: ``name``, the settings, ``seconds``, ``kl_ref``, ``proxy``, ``gold``, ``off_task``
     (the largest mass outside the task's tokens), ``log`` (TRL's logged ``kl``, ``reward`` and ``entropy``
-    by step), with ``monitor_every`` ``monitor`` (the callback's history), and with ``measure`` ``own``
+    by step), with ``monitor_every`` ``monitor`` (the callback's history), with ``measure`` ``own``
     (the candidate its configuration predicts) and ``kl_to`` (candidate -> KL(trained || candidate),
-    nats).
+    nats), and with ``keep_model`` ``model``, the trained network.
     """
     import datasets
     import transformers
@@ -177,7 +182,21 @@ def run(
     }
     if monitor is not None:
         result["monitor"] = monitor.history
+    if keep_model:
+        result["model"] = model
     return result
+
+
+def precision_effect(model: Any, tokenizer: Any, task: ToyTask) -> dict[str, float]:
+    """How far a network's exact distribution over ``task`` read under bf16 autocast (as TRL's trainers
+    compute it with ``bf16=True``) is from the one in its own precision: ``kl``, KL(own || bf16) in nats,
+    ``max_logp``, the largest difference of a sequence's log-prob, and ``kl_ref`` (bf16 minus own: the
+    change in the KL to the task's reference)."""
+    own = ex.sequence_logprobs(task.space, kt.model_tables(model, tokenizer, task).table)
+    half = ex.sequence_logprobs(task.space,
+                                kt.model_tables(model, tokenizer, task, autocast=torch.bfloat16).table)
+    return {"kl": ex.sequence_kl(own, half), "max_logp": float((own - half).abs().max()),
+            "kl_ref": ex.sequence_kl(half, task.ref_logprobs) - ex.sequence_kl(own, task.ref_logprobs)}
 
 
 def read_results(path: str | Path) -> dict[str, Any]:
