@@ -40,6 +40,14 @@ class is a subclass of the package's (:class:`~kltutorial.controllers.AdaptiveKL
 :class:`~kltutorial.controllers.FixedKLController`), so it also works wherever the package takes a
 controller (the toy experiment's ``train_policy`` reads ``.value`` after each ``update``).
 
+**Dtypes.** Every function returns the dtype the library's returns, for every input dtype (checked against
+the versions named in each module's docstring): log-probs in the logits' dtype (float64 stays float64),
+the KL penalties and reward shaping in the promoted dtype of their inputs, the masked means in the dtype of
+the library's expression (verl's is float32 for float16 or bfloat16 values under an integer or boolean
+mask), OpenRLHF's ``compute_approx_kl`` in float32 whatever its inputs, as OpenRLHF's. The work is done in
+float32, or in float64 where an input is float64, and rounded once to that dtype
+(``tests/compat/test_compat_logprobs.py`` and ``test_compat_kl.py`` hold the table).
+
 **What differs on purpose.** Half-precision log-probs are computed in float32 and rounded once to their
 dtype (theirs compute in bfloat16 or float16 throughout, so theirs and ours differ in the last bit, ours the
 closer to the exact value); the logits are divided by a temperature chunk by chunk, never in place (OpenRLHF

@@ -55,7 +55,8 @@ def masked_mean(
     ``masked_sum`` does); NaN where it is not 0 raises. ``eps=None`` is OpenRLHF's form, without the
     epsilon, where an all-zero mask along ``dim`` raises (theirs gives NaN); with verl's ``eps=1e-8`` it
     gives 0. The numerator is summed in float32 for half precision (float64 stays float64), the denominator
-    is theirs, and the result has the dtype of their expression. ``mask=None`` keeps every entry.
+    is theirs, and the quotient is rounded once to the dtype of their expression, dimensions included
+    (:func:`_quotient_dtype`). ``mask=None`` keeps every entry.
     """
     if not isinstance(values, torch.Tensor) or not torch.is_floating_point(values):
         kind = values.dtype if isinstance(values, torch.Tensor) else type(values).__name__
@@ -92,6 +93,19 @@ def masked_mean(
         denominator = count
     else:
         denominator = count + eps
-    # the dtype of their (values * mask).sum(dim) / denominator
-    out_dtype = torch.promote_types(torch.promote_types(values.dtype, mask.dtype), denominator.dtype)
-    return (weighted.sum(dim=dim) / denominator).to(out_dtype)
+    total = weighted.sum(dim=dim)  # float32 (float64 if either input is float64)
+    return (total / denominator).to(_quotient_dtype(values, mask, total.ndim, denominator))
+
+
+def _quotient_dtype(
+    values: torch.Tensor, mask: torch.Tensor, ndim: int, denominator: torch.Tensor
+) -> torch.dtype:
+    """The dtype of the peers' ``(values * mask).sum(dim) / denominator``, whose sum has ``ndim`` dimensions.
+
+    PyTorch's promotion, dimensions included: a 0-dim operand does not widen a dimensioned one of the same
+    category, so bfloat16 values over a (T,) mask reduced along its only axis (a 0-dim float32
+    ``mask.sum() + 1e-8``) stay bfloat16 in verl's, where a (B, T) mask gives float32.
+    """
+    product = torch.result_type(values, mask)  # values * mask (a 0-dim mask does not widen the values)
+    numerator = torch.empty((1,) * min(ndim, 1), dtype=product, device="meta")  # its sum's rank, no data
+    return torch.result_type(numerator, denominator)

@@ -16,6 +16,13 @@ without a word), and so does a sequence whose action mask is all 0 (OpenRLHF put
 position). See
 :mod:`kltutorial.compat` for what differs on purpose.
 
+Every function returns the dtype OpenRLHF's returns (v0.11.0, and PR #1309's ``compute_approx_kl``, read
+in their source): ``compute_approx_kl`` float32 whatever its inputs (theirs casts both to float32 first;
+here float64 input is computed in float64 and rounded once); ``log_probs_from_logits`` the logits' dtype,
+float64 included (as OpenRLHF's path without flash-attn, whose flash-attn path returns float32 for
+float32 and float64 logits); ``masked_mean`` the dtype of ``(tensor * mask).sum(dim) / mask.sum(dim)``,
+the values' dtype under a boolean or integer mask; ``compute_reward`` the dtype of ``kl``.
+
 Examples
 --------
 >>> from kltutorial.compat import openrlhf
@@ -121,7 +128,8 @@ def compute_reward(
     reward_clip_range: tuple[float, float] | None = None,
 ) -> torch.Tensor:
     """OpenRLHF's ``compute_reward``: ``-kl_coef * kl`` (B, T) plus each score ``r`` (B,), clipped to
-    ``reward_clip_range`` if given, at its sequence's last position whose ``action_mask`` is 1.
+    ``reward_clip_range`` if given, at its sequence's last position whose ``action_mask`` is 1; in ``kl``'s
+    dtype, the score cast to it, as OpenRLHF's.
 
     Examples
     --------
@@ -150,8 +158,9 @@ def log_probs_from_logits(
     them in place, ``logits.div_(temperature)``, so the caller's tensor comes back divided); the division and
     the log-softmax of half-precision logits are computed in float32 and rounded once (OpenRLHF's in the
     logits' dtype); a temperature that is not a finite number > 0 raises ``ValueError``; NaN, ``+inf`` and
-    all ``-inf`` positions raise. OpenRLHF returns float32 for float32 logits either way (flash-attn's cross
-    entropy or its chunked log-sum-exp), as here.
+    all ``-inf`` positions raise. The dtype is that of OpenRLHF's path without flash-attn (v0.11.0), the
+    logits' dtype: float64 logits give float64 log-probs, computed in float64, and half-precision logits
+    log-probs of their dtype; OpenRLHF's flash-attn path returns float32 for float32 and float64 logits.
 
     Examples
     --------
@@ -169,7 +178,8 @@ def masked_mean(tensor: torch.Tensor, mask: torch.Tensor | None, dim: int | None
     Where it differs on purpose: an all-zero mask along ``dim`` raises ``ValueError`` (OpenRLHF's divides 0
     by 0 and returns NaN); entries where the mask is 0 never count, whatever their value (OpenRLHF's
     multiplies, so NaN or inf there gives NaN); NaN where the mask is not 0 raises; half precision is summed
-    in float32 and rounded once to OpenRLHF's dtype.
+    in float32 and rounded once to OpenRLHF's dtype, the dtype of its expression (v0.11.0): the values'
+    dtype under a boolean or integer mask or with ``mask=None``, float64 computed in float64.
 
     Examples
     --------

@@ -14,6 +14,13 @@ index)`` and ``logprobs_from_logits(logits, labels, gather=True)`` return log-pr
 computed by :func:`~kltutorial.logprobs.get_logprobs_for_tokens`. See :mod:`kltutorial.compat` for what
 differs on purpose.
 
+Every function returns the dtype TRL's returns (``selective_log_softmax`` as in v1.9.0 and main f2cd57710;
+``logprobs_from_logits``, ``_kl_penalty`` and ``compute_rewards`` as in v0.11.4, read in their source):
+the log-probs the logits' dtype, float64 included; the KL penalty and the three tensors of
+``compute_rewards`` the promoted dtype of ``logprob`` and ``ref_logprob`` (float64 stays float64; float32
+with float64 gives float64). The work is done in float32, or in float64 where an input is float64, and
+rounded once to that dtype.
+
 Examples
 --------
 >>> from kltutorial.compat import trl
@@ -52,7 +59,9 @@ class FixedKLController(PeerFixedKLController):
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str = "kl") -> torch.Tensor:
     """TRL's ``PPOTrainer._kl_penalty``: ``kl`` (k1), ``abs``, ``mse`` (k2) per token, or ``full``, the exact
     KL(pi || pi_ref) at each position of full log-softmax tensors (..., V); other names raise
-    ``NotImplementedError``, as TRL's does.
+    ``NotImplementedError``, as TRL's does. The result has TRL's dtype, that of ``logprob - ref_logprob``
+    (``F.kl_div``'s for ``full``): float64 stays float64, half precision is computed in float32 and rounded
+    once to it.
 
     Examples
     --------
@@ -71,7 +80,8 @@ def compute_rewards(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """TRL's ``PPOTrainer.compute_rewards`` as a function (its ``kl_ctl.value`` is ``kl_coef``): per-token KL
     estimates ``kls`` (B, T), ``non_score_rewards = -kl_coef * kls``, and ``rewards``, the same plus each
-    score at its sequence's last position whose mask is 1.
+    score at its sequence's last position whose mask is 1. All three in the dtype of ``kls``, as TRL's (the
+    score is added in that dtype).
 
     Examples
     --------
@@ -106,6 +116,7 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
     Returns
     -------
     Tensor, the shape of ``index``, the logits' dtype
+        As TRL's (main f2cd57710): float64 logits give float64 log-probs, computed in float64.
 
     Notes
     -----

@@ -12,6 +12,15 @@ installed, else a row loop); ``logprobs_from_logits_naive`` is the textbook ``lo
 Logits are (..., V) with labels (...): verl's own calls pass (N, V) with (N,), or (B, T, V) with (B, T).
 See :mod:`kltutorial.compat` for what differs on purpose.
 
+Every function returns the dtype verl's returns (v0.9 and main 1dda039b9, read in their source): the
+log-prob functions the logits' dtype, float64 included (``logprobs_from_logits`` as verl's path without
+flash-attn, whose flash-attn path returns float32); ``kl_penalty`` and ``kl_penalty_forward`` the promoted
+dtype of ``logprob`` and ``ref_logprob``; ``masked_mean`` the dtype of verl's ``sum(values * mask) /
+(sum(mask) + 1e-8)``, which is float32 for float16 or bfloat16 values under a boolean or integer mask of
+their shape (the ``+ 1e-8`` makes a float32 denominator). Except in ``logprobs_from_logits_naive``, which
+is verl's own arithmetic, the work is done in float32, or in float64 where an input is float64, and rounded
+once to that dtype.
+
 Examples
 --------
 >>> from kltutorial.compat import verl
@@ -78,6 +87,9 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
     ``mse``/``k2``, ``low_var_kl``/``k3``, each also with a ``+`` suffix (straight-through: its value, the
     gradient of k2); ``"full"`` and other names raise ``NotImplementedError``, as verl's does.
 
+    The result has verl's dtype, that of ``logprob - ref_logprob`` (float64 stays float64; a float32 and a
+    float64 input give float64; half precision is computed in float32 and rounded once to it).
+
     Examples
     --------
     >>> lp, ref = torch.tensor([-1.0, -30.0]), torch.tensor([-1.5, -0.5])
@@ -89,7 +101,7 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
 
 
 def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
-    """verl's ``kl_penalty_forward``: the plain names only (no ``+``), with the same clamps."""
+    """verl's ``kl_penalty_forward``: the plain names only (no ``+``), with the same clamps and dtype."""
     return sampled_penalty(logprob, ref_logprob, kl_penalty, allowed=_FORWARD,
                            library="verl's kl_penalty_forward")
 
@@ -101,8 +113,9 @@ def logprobs_from_logits(
     ``labels``; logits (..., V), labels (...), the result the shape of ``labels``.
 
     Computed by :func:`~kltutorial.logprobs.get_logprobs_for_tokens` (chunked, its backward recomputing the
-    softmax), in the logits' dtype: verl's fallback (``logprobs_from_logits_v2``) returns that dtype, while
-    verl's flash-attn path returns float32 whatever the logits. ``inplace_backward`` is flash-attn's switch
+    softmax), in the logits' dtype (float64 computed and returned in float64): verl's path without flash-attn
+    (``logprobs_from_logits_v2``, v0.9 and main) returns that dtype, while its flash-attn path returns
+    float32 whatever the logits. ``inplace_backward`` is flash-attn's switch
     to write the gradient over the logits; it is accepted and has nothing to switch here (the backward
     allocates only the gradient). Where it differs on purpose: half precision computed in float32 and rounded
     once; NaN, ``+inf`` and all ``-inf`` positions raise ``ValueError``, and so does a label outside ``[0,
@@ -121,8 +134,9 @@ def logprobs_from_logits(
 
 def logprobs_from_logits_v2(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """verl's ``logprobs_from_logits_v2`` (its memory-saving row loop), here the same computation as
-    :func:`logprobs_from_logits`: the labels' log-probs in the logits' dtype, half precision computed in
-    float32 and rounded once (verl's runs ``log_softmax`` per row in the logits' dtype).
+    :func:`logprobs_from_logits`: the labels' log-probs in the logits' dtype, as verl's (v0.9 and main),
+    float64 computed in float64, half precision computed in float32 and rounded once (verl's runs
+    ``log_softmax`` per row in the logits' dtype).
 
     Examples
     --------
@@ -133,11 +147,13 @@ def logprobs_from_logits_v2(logits: torch.Tensor, labels: torch.Tensor) -> torch
 
 
 def logprobs_from_logits_naive(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """verl's ``logprobs_from_logits_naive``: ``log_softmax(logits, -1)`` then gather, in the logits' dtype,
-    as verl writes it (:func:`~kltutorial.logprobs.naive_logprobs_for_tokens`: the full (..., V) log-softmax
-    is made, and half precision is computed by PyTorch's kernel in that precision, as verl's). The baseline
-    that verl's tests compare the other two with. Labels are checked (shape, range); the logits are not
-    scanned for NaN.
+    """verl's ``logprobs_from_logits_naive``: ``log_softmax(logits, -1)`` then gather, in the logits' dtype
+    (float64 stays float64), as verl writes it in v0.4 to v0.9 and main 1dda039b9
+    (:func:`~kltutorial.logprobs.naive_logprobs_for_tokens`: the full (..., V) log-softmax is made, and half
+    precision is computed by PyTorch's kernel in that precision, as verl's, bit for bit). The baseline that
+    verl's tests compare the other two with. Labels are checked (shape, range); the logits are not scanned
+    for NaN. (verl's unmerged pull request #3852 would make it ``-cross_entropy(logits.float())``, float32
+    for every dtype; released verl does not.)
 
     Examples
     --------
@@ -156,7 +172,14 @@ def masked_mean(
     gives 0. ``mask`` broadcasts to ``values`` as verl's does; entries where it is 0 never count, NaN there
     included, as verl's ``masked_sum`` replaces them. Where it differs on purpose: NaN where the mask is not 0
     raises ``ValueError`` (verl's returns NaN); a negative or non-finite mask raises; half-precision values
-    are summed in float32 (the result has verl's dtype).
+    are summed in float32 and the quotient rounded once to verl's dtype.
+
+    The result has verl's dtype (v0.9 and main), that of ``(values * mask).sum(axis) / (mask.sum(axis) +
+    1e-8)`` by PyTorch's promotion. Under a boolean or integer mask of the values' shape it is float64 for
+    float64 values and float32 for float32, float16 and bfloat16 values (the ``+ 1e-8`` makes the
+    denominator float32); a floating-point mask promotes with the values (float16 values under a float16
+    mask give float16); where the mask's sum is 0-dim and the numerator's is not, the numerator's dtype is
+    kept. float64 is computed in float64.
 
     Examples
     --------

@@ -270,3 +270,116 @@ def test_openrlhf_v0_11_positional_call_keeps_its_meaning():
                                                                                               kl_estimator="k3"))
     with pytest.raises(TypeError, match="kl_estimator twice"):
         openrlhf.compute_approx_kl(lp, base, "k3", "k2")
+
+
+# --- dtypes: the peers', for every input dtype -----------------------------------------------------------
+# Read in the peers' source: verl main 1dda039b9 (the same code as v0.9.0) verl/trainer/ppo/core_algos.py
+# kl_penalty and kl_penalty_forward; TRL v0.11.4 trl/trainer/ppo_trainer.py PPOTrainer._kl_penalty and
+# compute_rewards; OpenRLHF v0.11.0 openrlhf/models/utils.py compute_approx_kl (and PR #1309, commit
+# 8ac8e063, which keeps its log_probs.float() - log_probs_base.float()) and compute_reward.
+
+F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
+DTYPES = [F64, F32, F16, BF16]
+SAME = {F64: F64, F32: F32, F16: F16, BF16: BF16}
+
+#: function -> {the inputs' dtype (log-probs, or kl for compute_reward): the dtype the peer returns}
+KL_DTYPES = {
+    "verl.kl_penalty": SAME,  # logprob - ref_logprob and what follows, in their dtype
+    "verl.kl_penalty_forward": SAME,
+    "trl.kl_penalty": SAME,
+    "trl.kl_penalty('full')": SAME,  # F.kl_div(ref_logprob, logprob, log_target=True).sum(-1)
+    "trl.compute_rewards": SAME,  # rewards, non_score_rewards, kls: all in the kls' dtype
+    "openrlhf.compute_approx_kl": {F64: F32, F32: F32, F16: F32, BF16: F32},  # log_probs.float() - ...
+    "openrlhf.compute_approx_kl(unbiased_gradient=True)": {F64: F32, F32: F32, F16: F32, BF16: F32},
+    "openrlhf.compute_reward": SAME,  # zeros_like(kl) with r.to(kl.dtype), plus -kl_coef * kl
+}
+
+_MASKS = torch.tensor([[1] * 16, [1] * 10 + [0] * 6, [0] * 3 + [1] * 13, [1] * 16])
+_SCORES = torch.tensor([0.5, -1.0, 2.0, 0.25], dtype=F64)
+
+
+def _full_pair(dtype, seed=13):
+    g = torch.Generator().manual_seed(seed)
+    lp = torch.log_softmax(3 * torch.randn(4, 5, 11, generator=g, dtype=F64), -1)
+    ref = torch.log_softmax(3 * torch.randn(4, 5, 11, generator=g, dtype=F64), -1)
+    return lp.to(dtype), ref.to(dtype)
+
+
+def _kl_calls(name):
+    """(ours, theirs): each a function of (logprob, ref_logprob) returning a tuple of tensors."""
+    def k3_old(lp):
+        return (lp.double() - 0.3).to(lp.dtype)
+    return {
+        "verl.kl_penalty": (lambda a, b: (verl.kl_penalty(a, b, "k3+"),),
+                            lambda a, b: (_verl_penalty(a, b, "k3+"),)),
+        "verl.kl_penalty_forward": (lambda a, b: (verl.kl_penalty_forward(a, b, "low_var_kl"),),
+                                    lambda a, b: (_verl_forward(a, b, "low_var_kl"),)),
+        "trl.kl_penalty": (lambda a, b: (trl.kl_penalty(a, b, "mse"),),
+                           lambda a, b: (_trl_penalty(a, b, "mse"),)),
+        "trl.kl_penalty('full')": (lambda a, b: (trl.kl_penalty(a, b, "full"),),
+                                   lambda a, b: (_trl_penalty(a, b, "full"),)),
+        "trl.compute_rewards": (
+            lambda a, b: trl.compute_rewards(_SCORES, a, b, _MASKS, kl_coef=0.2, kl_penalty="abs"),
+            lambda a, b: _trl_compute_rewards(_SCORES, a, b, _MASKS, 0.2, "abs")),
+        "openrlhf.compute_approx_kl": (lambda a, b: (openrlhf.compute_approx_kl(a, b, kl_estimator="k3"),),
+                                       lambda a, b: (_openrlhf_approx_kl(a, b, kl_estimator="k3"),)),
+        "openrlhf.compute_approx_kl(unbiased_gradient=True)": (
+            lambda a, b: (openrlhf.compute_approx_kl(a, b, k3_old(a), "k2", unbiased_gradient=True),),
+            lambda a, b: (_openrlhf_approx_kl(a, b, k3_old(a), "k2", unbiased_gradient=True),)),
+        "openrlhf.compute_reward": (  # a, the kl; b unused
+            lambda a, b: (openrlhf.compute_reward(_SCORES, 0.05, a, _MASKS, (-1.0, 1.0)),),
+            lambda a, b: (_openrlhf_reward(_SCORES, 0.05, a, _MASKS, (-1.0, 1.0)),)),
+    }[name]
+
+
+def _inputs(name, dtype, seed=14):
+    return _full_pair(dtype, seed) if "full" in name else _pair(seed, dtype=dtype)
+
+
+@pytest.mark.parametrize("name", list(KL_DTYPES))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kl_functions_return_the_peers_dtype(name, dtype):
+    ours_fn, theirs_fn = _kl_calls(name)
+    lp, ref = _inputs(name, dtype)
+    for ours, theirs in zip(ours_fn(lp, ref), theirs_fn(lp, ref), strict=True):
+        assert ours.dtype == theirs.dtype == KL_DTYPES[name][dtype]
+        assert ours.shape == theirs.shape
+
+
+@pytest.mark.parametrize("name", ["verl.kl_penalty", "verl.kl_penalty_forward", "trl.kl_penalty",
+                                  "trl.kl_penalty('full')", "trl.compute_rewards",
+                                  "openrlhf.compute_approx_kl"])
+@pytest.mark.parametrize("lp_dtype", DTYPES)
+@pytest.mark.parametrize("ref_dtype", DTYPES)
+def test_kl_of_two_dtypes_has_the_peers_promoted_dtype(name, lp_dtype, ref_dtype):
+    # theirs compute logprob - ref_logprob: float32 with float64 gives float64, float16 with bfloat16 float32
+    ours_fn, theirs_fn = _kl_calls(name)
+    lp, _ = _inputs(name, lp_dtype)
+    _, ref = _inputs(name, ref_dtype)
+    expected = F32 if name.startswith("openrlhf") else torch.promote_types(lp_dtype, ref_dtype)
+    for ours, theirs in zip(ours_fn(lp, ref), theirs_fn(lp, ref), strict=True):
+        assert ours.dtype == theirs.dtype == expected
+
+
+@pytest.mark.parametrize("name", [n for n, table in KL_DTYPES.items() if table[F64] == F64])
+def test_float64_kl_keeps_float64_precision(name):
+    ours_fn, theirs_fn = _kl_calls(name)
+    lp, ref = _inputs(name, F64, seed=15)
+    # the reference: the peer's own code, in float64 throughout for float64 input
+    for ours, exact in zip(ours_fn(lp, ref), theirs_fn(lp, ref), strict=True):
+        assert ours.dtype == exact.dtype == F64
+        assert (exact.float().double() - exact).abs().max() > 1e-10  # float32 arithmetic would miss 1e-12
+        torch.testing.assert_close(ours, exact, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["k1", "k2", "k3"])
+def test_openrlhf_float64_input_is_rounded_once_to_its_float32(name):
+    # OpenRLHF returns float32 whatever the input (its log_probs.float() - log_probs_base.float()), by
+    # design; here float64 input is computed in float64 and rounded once: within half a float32 ulp of the
+    # float64 value
+    lp, ref = _pair(16, dtype=F64)
+    lp[0, 0], ref[0, 0] = -1.0, -1.5  # every value inside the clamp, where the rounding is the only error
+    ours = openrlhf.compute_approx_kl(lp, ref, kl_estimator=name)
+    exact = {"k1": lp - ref, "k2": (lp - ref) ** 2 / 2, "k3": torch.expm1(ref - lp) + (lp - ref)}[name]
+    assert ours.dtype == F32 and exact.abs().max() < 10
+    assert torch.all((ours.double() - exact).abs() <= exact.abs() * 2.0**-24 + 1e-45)

@@ -289,3 +289,132 @@ BAD_INPUTS = [
 def test_bad_input_raises_naming_the_peers_argument(call, args, kwargs, exc, match):
     with pytest.raises(exc, match=match):
         call(*args, **kwargs)
+
+
+# --- dtypes: the peers', for every input dtype -------------------------------------------------------------
+# Read in the peers' source: TRL main f2cd57710 (v1.9.0 + 26 commits) trl/trainer/utils.py
+# selective_log_softmax, and v0.11.4 trl/core.py logprobs_from_logits; verl main 1dda039b9 (the same code as
+# v0.9.0) verl/utils/torch_functional.py logprobs_from_logits (its path without flash-attn, which is
+# logprobs_from_logits_v2; with flash-attn it returns float32), logprobs_from_logits_v2,
+# logprobs_from_logits_naive and masked_mean; OpenRLHF v0.11.0 openrlhf/models/utils.py log_probs_from_logits
+# (its path without flash-attn; with flash-attn float32 for float32 and float64 logits) and masked_mean.
+
+F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
+SAME = {F64: F64, F32: F32, F16: F16, BF16: BF16}
+
+#: function -> {the logits' dtype: the dtype the peer returns}
+LOGPROB_DTYPES = {
+    "trl.selective_log_softmax": SAME,  # gather - logsumexp for float32/64, log_softmax per row for half
+    "trl.logprobs_from_logits": SAME,  # F.log_softmax(logits, dim=2), gathered
+    "trl.logprobs_from_logits(gather=False)": SAME,  # F.log_softmax(logits, dim=2)
+    "verl.logprobs_from_logits": SAME,  # logprobs_from_logits_v2 without flash-attn
+    "verl.logprobs_from_logits_v2": SAME,
+    "verl.logprobs_from_logits_naive": SAME,  # F.log_softmax(logits, dim=-1), gathered
+    "openrlhf.log_probs_from_logits": SAME,  # gather - chunked logsumexp (logits' dtype), or per-row
+}
+
+#: (function, mask) -> {the values' dtype: the dtype the peer returns}; the masks have the values' shape
+MASKED_MEAN_DTYPES = {
+    # verl: (values * mask).sum(axis) / (mask.sum(axis) + 1e-8); an integer sum + 1e-8 is float32
+    ("verl.masked_mean", "bool"): {F64: F64, F32: F32, F16: F32, BF16: F32},
+    ("verl.masked_mean", "long"): {F64: F64, F32: F32, F16: F32, BF16: F32},
+    ("verl.masked_mean", "values' dtype"): SAME,
+    # OpenRLHF: (tensor * mask).sum(dim) / mask.sum(dim), or tensor.mean(dim) for mask=None
+    ("openrlhf.masked_mean", "bool"): SAME,
+    ("openrlhf.masked_mean", "long"): SAME,
+    ("openrlhf.masked_mean", "values' dtype"): SAME,
+    ("openrlhf.masked_mean", "None"): SAME,
+}
+
+DTYPES = [F64, F32, F16, BF16]
+
+_LOGPROB_CALLS = {  # name -> (ours, theirs (the peer's code above), ids with K per position)
+    "trl.selective_log_softmax": (trl.selective_log_softmax, _trl_selective_log_softmax, True),
+    "trl.logprobs_from_logits": (trl.logprobs_from_logits, _trl_logprobs_from_logits, False),
+    "trl.logprobs_from_logits(gather=False)": (
+        lambda z, y: trl.logprobs_from_logits(z, y, gather=False),
+        lambda z, y: _trl_logprobs_from_logits(z, y, gather=False), False),
+    "verl.logprobs_from_logits": (verl.logprobs_from_logits, _verl_v2, False),
+    "verl.logprobs_from_logits_v2": (verl.logprobs_from_logits_v2, _verl_v2, False),
+    "verl.logprobs_from_logits_naive": (verl.logprobs_from_logits_naive, _verl_naive, False),
+    "openrlhf.log_probs_from_logits": (openrlhf.log_probs_from_logits, _openrlhf_log_probs_from_logits,
+                                       False),
+}
+
+_MASKED_MEAN_CALLS = {
+    "verl.masked_mean": (verl.masked_mean, _verl_masked_mean),
+    "openrlhf.masked_mean": (openrlhf.masked_mean, _openrlhf_masked_mean),
+}
+
+
+def _mask(kind, values):
+    keep = torch.rand(values.shape, generator=torch.Generator().manual_seed(9)) > 0.3
+    keep[..., 0] = True  # no row without a kept entry
+    return {"bool": keep, "long": keep.long(), "values' dtype": keep.to(values.dtype), "None": None}[kind]
+
+
+@pytest.mark.parametrize("name", list(LOGPROB_DTYPES))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_log_prob_functions_return_the_peers_dtype(name, dtype):
+    ours_fn, theirs_fn, k_ids = _LOGPROB_CALLS[name]
+    logits = _logits((3, 7, 50), dtype)
+    ids = _ids((3, 7, 2) if k_ids else (3, 7), 50)
+    ours, theirs = ours_fn(logits, ids), theirs_fn(logits.clone(), ids)
+    assert ours.dtype == theirs.dtype == LOGPROB_DTYPES[name][dtype]
+    assert ours.shape == theirs.shape
+
+
+@pytest.mark.parametrize(("name", "mask_kind"), list(MASKED_MEAN_DTYPES))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [None, -1, (0, 1)])
+def test_masked_means_return_the_peers_dtype(name, mask_kind, dtype, dim):
+    ours_fn, theirs_fn = _MASKED_MEAN_CALLS[name]
+    values = _logits((3, 7), dtype, scale=1.0)
+    mask = _mask(mask_kind, values)
+    ours, theirs = ours_fn(values, mask, dim), theirs_fn(values, mask, dim)
+    assert ours.dtype == theirs.dtype == MASKED_MEAN_DTYPES[name, mask_kind][dtype]
+    assert ours.shape == theirs.shape
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_verl_masked_mean_keeps_torchs_promotion_where_the_masks_sum_is_0_dim(dtype):
+    # a (T,) mask over (B, T) values, reduced along T: verl's denominator mask.sum(-1) + 1e-8 is a 0-dim
+    # float32, which does not widen the (B,) half-precision numerator, so verl's result stays in dtype
+    values = _logits((3, 7), dtype, scale=1.0)
+    mask = torch.tensor([1, 1, 0, 1, 0, 1, 1])
+    ours, theirs = verl.masked_mean(values, mask, -1), _verl_masked_mean(values, mask, -1)
+    assert ours.dtype == theirs.dtype == dtype
+    exact = (values.double() * mask).sum(-1) / mask.sum()
+    assert torch.all((ours.double() - exact).abs() <= exact.abs() * torch.finfo(dtype).eps / 2 + 1e-30)
+
+
+def _rounded_through_float32_is_caught(exact):
+    """The 1e-12 bound below tells float64 arithmetic from float32's: ``exact`` through float32 misses it."""
+    return bool((exact.float().double() - exact).abs().max() > 1e-10)
+
+
+@pytest.mark.parametrize("name", list(LOGPROB_DTYPES))
+def test_float64_log_probs_keep_float64_precision(name):
+    ours_fn, _, k_ids = _LOGPROB_CALLS[name]
+    logits = _logits((3, 7, 500), F64, seed=11)
+    ids = _ids((3, 7, 2) if k_ids else (3, 7), 500, seed=11)
+    exact = torch.log_softmax(logits, -1)  # (3, 7, 500), float64
+    if "gather=False" not in name:
+        exact = exact.gather(-1, ids if k_ids else ids[..., None])
+        exact = exact if k_ids else exact[..., 0]
+    ours = ours_fn(logits, ids)
+    assert ours.dtype == F64 and _rounded_through_float32_is_caught(exact)
+    torch.testing.assert_close(ours, exact, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(_MASKED_MEAN_CALLS))
+@pytest.mark.parametrize("mask_kind", ["bool", "long", "values' dtype"])
+@pytest.mark.parametrize("dim", [None, -1])
+def test_float64_masked_means_keep_float64_precision(name, mask_kind, dim):
+    ours_fn, theirs_fn = _MASKED_MEAN_CALLS[name]
+    values = _logits((4, 300), F64, seed=12, scale=1.0) + 1 / 3
+    mask = _mask(mask_kind, values)
+    exact = theirs_fn(values, mask, dim)  # float64; verl's integer count + 1e-8 is float32, the count exact
+    ours = ours_fn(values, mask, dim)
+    assert ours.dtype == F64 and _rounded_through_float32_is_caught(exact)
+    torch.testing.assert_close(ours, exact, rtol=1e-12, atol=1e-12)

@@ -22,7 +22,11 @@
 #   * tests/utils/test_linear_cross_entropy.py (which calls logprobs_from_logits): verl's fused linear
 #     cross-entropy kernels on CUDA;
 #   * tests/models/* (logprobs_from_logits, masked_mean inside model forward passes): Hugging Face checkpoints;
-#   * the rest of test_core_algos_on_cpu.py: advantage estimators, not ported to kltutorial.
+#   * the rest of test_core_algos_on_cpu.py: advantage estimators, not ported to kltutorial;
+#   * test_logprobs_from_logits_naive of pull request #3852 (refs/pull/3852/head, commit 6a6e52ce4, not merged):
+#     it asserts float32 log-probs for every dtype, from the PR's naive, -cross_entropy(logits.float()); the
+#     naive of released verl (v0.4.0 to v0.9.0, main 1dda039b9), log_softmax then gather, returns the logits'
+#     dtype and fails its float64, float16 and bfloat16 cases, as kltutorial's (which is verl's) does.
 #
 # Added here, after verl's tests: the float64 comparison beside the xfailed bit-equality cases.
 
