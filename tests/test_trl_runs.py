@@ -44,7 +44,7 @@ def test_each_run_is_measured_against_every_candidate(tiny: dict) -> None:
         assert all(v >= 0 and math.isfinite(v) for v in r["kl_to"].values())
         assert r["kl_ref"] >= 0 and 0 <= r["off_task"] < 1 and r["steps"] == 2
         assert [rec["step"] for rec in r["log"]] and all("kl" in rec for rec in r["log"])
-    # the callback logged before training and after each step, through the trainer's log
+    # the callback measured before training and after each step (its history; the records carry the latest)
     assert [m["step"] for m in grpo["monitor"]] == [0, 1, 2] and "monitor" not in rloo
     assert all(m["exact_kl"] >= 0 for m in grpo["monitor"])
 

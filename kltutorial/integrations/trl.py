@@ -89,6 +89,7 @@ __all__ = [
     "reward_function",
     "fixed_point",
     "fixed_point_candidates",
+    "sampler_differences",
     "KLMonitorCallback",
     "MonitorSample",
     "monitor_statistics",
@@ -520,7 +521,7 @@ def fixed_point(task: ToyTask, args: Any) -> torch.Tensor:
     Notes
     -----
     Every field that TRL 1.16's ``GRPOConfig`` and ``RLOOConfig`` add to ``TrainingArguments``, read one by
-    one (:data:`CONFIG_FIELDS` holds the same list, and a test checks it against the installed TRL):
+    one (``CONFIG_FIELDS`` holds the same list, and a test checks it against the installed TRL):
 
     * **modelled**: ``beta`` (> 0), ``num_generations`` (G >= 2), ``max_completion_length`` (the task's
       T), ``reward_weights`` (one), ``scale_rewards``, ``use_bias_correction_kl``, ``loss_type`` (grpo,
@@ -530,7 +531,7 @@ def fixed_point(task: ToyTask, args: Any) -> torch.Tensor:
       number per batch);
     * **refused unless neutral**, since each changes the sampled distribution or the objective:
       ``temperature`` (1), ``top_p`` (1), ``top_k`` (0), ``min_p`` (None), ``repetition_penalty`` (1),
-      ``generation_kwargs`` (only keys of :data:`NEUTRAL_GENERATION_KWARGS`), ``mask_truncated_completions``,
+      ``generation_kwargs`` (only keys of ``NEUTRAL_GENERATION_KWARGS``), ``mask_truncated_completions``,
       ``sync_ref_model``, ``top_entropy_quantile`` (1), ``entropy_coef`` (0), ``use_adaptive_entropy``
       (it turns the entropy bonus on), ``off_policy_mask_threshold``, ``reward_clip_range``, ``use_vllm``,
       ``use_transformers_continuous_batching`` and ``use_transformers_paged`` (other samplers); and of
