@@ -1,10 +1,11 @@
 # kltutorial: build, run and test the book.
 #
-#   make book       execute the notebooks (cached) and write the HTML book to _build/html
+#   make book       the HTML book in _build/html, from the notebooks' committed outputs (executes nothing)
 #   make test       lint, unit tests, nbval over every notebook (native and second kernel set),
 #                   strict book build, browser check, PDF
 #   make pdf        the whole book as one PDF, _build/pdf/book.pdf (from make test's strict build)
 #   make notebooks  re-execute every notebook in place (refreshes the committed outputs)
+#   make book-executed  execute the notebooks (jupyter-cache) and write the HTML book
 #   make lab        JupyterLab on book/ with the project's virtual environment
 #
 # Only Python 3.11 and make are needed: the first target that needs the environment
@@ -34,11 +35,11 @@ export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export KLTUTORIAL_HTML_DIR := $(CURDIR)/$(HTML)
 
-.PHONY: help venv book test lint unit-tests nbval nbval-native nbval-second-kernels book-verified html-check \
+.PHONY: help venv book book-executed test lint unit-tests nbval nbval-native nbval-second-kernels book-verified html-check \
 	chromium notebooks lab clean pdf pdf-check pdf-tests
 
 help:
-	@sed -n '3,8s/^# //p' Makefile
+	@sed -n '3,9s/^# //p' Makefile
 
 # ---------------------------------------------------------------------------
 # Environment: rebuilt only when requirements.txt or pyproject.toml change.
@@ -54,9 +55,28 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $@
 
 # ---------------------------------------------------------------------------
-# The book. Execution goes through the jupyter-cache in _build/.jupyter_cache,
-# so a rebuild with unchanged code cells executes nothing.
+# The book. Every notebook is committed executed, and make test checks those outputs (nbval, on two
+# kernel sets), so `make book` renders them as they are: the book's own config, as the conf.py that
+# `jupyter-book config sphinx` writes from _config.yml, with execution switched off on sphinx-build's
+# command line (-D); the prose's {eval} numbers come from the glued values stored in the notebooks.
+# The generated conf.py (git-ignored; `jupyter-book build` never reads it) is removed after the build.
+# It does not put the local extensions' folder on the path (jupyter-book #2210), hence PYTHONPATH=tools.
+# $(1): sphinx-build's extra flags.
+define render_book
+	$(BIN)/jupyter-book config sphinx . >/dev/null
+	PYTHONPATH=$(CURDIR)/tools$${PYTHONPATH:+:$$PYTHONPATH} $(BIN)/sphinx-build -b html \
+		-d $(BUILD)/.doctrees -D nb_execution_mode=off $(1) . $(HTML) \
+		|| { rc=$$?; rm -f conf.py; exit $$rc; }
+	rm -f conf.py
+endef
+
 book: $(STAMP)
+	$(call render_book,-q)
+	@echo "Book written to $(HTML)/index.html"
+
+# The same book with every notebook executed again first, through the jupyter-cache in
+# _build/.jupyter_cache (a rebuild with unchanged code cells executes nothing).
+book-executed: $(STAMP)
 	$(BIN)/jupyter-book build . --path-output .
 	@echo "Book written to $(HTML)/index.html"
 
@@ -113,20 +133,12 @@ nbval-second-kernels: $(STAMP)
 	$(BIN)/python tools/second_kernels.py -- $(MAKE) --no-print-directory nbval-native \
 		NBVAL_TIMES=$(STATUS)/nbval-second-kernels.json
 
-# Render exactly the outputs nbval has just verified: the book's own config, as the conf.py
-# that `jupyter-book config sphinx` writes from _config.yml, with execution switched off on
-# sphinx-build's command line (-D). Warnings are errors (-W, all reported: --keep-going), nitpicky
-# (-n); -E reads every page afresh so that no warning is hidden by an incremental build, and
-# removing the old HTML first leaves no stale page behind for html-check. The generated conf.py
-# (git-ignored; `jupyter-book build` never reads it) is removed after the build. It does not put
-# the local extensions' folder on the path (jupyter-book #2210), hence PYTHONPATH=tools.
+# Render exactly the outputs nbval has just verified, strictly: warnings are errors (-W, all
+# reported: --keep-going), nitpicky (-n); -E reads every page afresh so that no warning is hidden by an
+# incremental build, and removing the old HTML first leaves no stale page behind for html-check.
 book-verified: $(STAMP)
 	rm -rf $(HTML)
-	$(BIN)/jupyter-book config sphinx . >/dev/null
-	PYTHONPATH=$(CURDIR)/tools$${PYTHONPATH:+:$$PYTHONPATH} $(BIN)/sphinx-build -b html \
-		-d $(BUILD)/.doctrees -D nb_execution_mode=off -E -W -n --keep-going . $(HTML) \
-		|| { rc=$$?; rm -f conf.py; exit $$rc; }
-	rm -f conf.py
+	$(call render_book,-E -W -n --keep-going)
 
 # Read the built book as readers do, in headless Chromium, offline, at desktop and phone
 # width (tests/test_book_html.py: errors, requests, MathJax, wide content, images and
