@@ -1,4 +1,4 @@
-"""The package's layout rules (README, "Layout"), checked on its source.
+"""The package's layout rules (CONTRIBUTING.md, "Layout"), checked on its source.
 
 * the library (``logprobs``, ``estimators``, ``objective``, ``controllers``, ``monitoring``, ``compat``
   and the shared checks in ``_validation``) imports only the library;

@@ -305,7 +305,7 @@ def test_printed_lines_fit_the_column(notebook: tuple[str, nbformat.NotebookNode
 
 
 # ---------------------------------------------------------------------------------------------------
-# Exercises (README, "Adding a section"): at the end of a section, under "## Exercises", at least three,
+# Exercises (CONTRIBUTING.md, "Adding a section"): at the end of a section, under "## Exercises", at least three,
 # of the three kinds, each marked with its kind and difficulty and followed by its folded solution.
 
 EXERCISE_DIRECTIVE = re.compile(r"^`{3,}\{exercise\}[^\n]*\n((?::[\w-]+:[^\n]*\n)*)", re.MULTILINE)
