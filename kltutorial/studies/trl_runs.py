@@ -8,14 +8,16 @@ its own configuration's fixed point and to every other candidate, its KL to the 
 expected proxy and gold rewards. The runs take minutes, so the book reads their results from
 ``book/data/trl-runs.json``, written by::
 
-    python -m kltutorial.studies.trl_runs --json book/data/trl-runs.json
+    python -m kltutorial.studies.trl_runs --json book/data/trl-runs.json \
+        --tables book/data/trl-runs-tables.npz
 
+(about an hour on one core; ``--remeasure`` measures the stored networks again, without training, after
+a change to the fixed points),
 and :func:`run` is what the page also calls, live, for one short run.
 
-**Precision.** The runs train in TRL's default precision, bf16 autocast (``bf16=True``, on by default also
-with ``use_cpu=True``). The stored file's enumerations of the trained networks were made under that
-autocast too, before :func:`~kltutorial.integrations.trl.model_tables` ran outside it;
-:func:`precision_effect` measures the difference on a trained network.
+**Precision.** The runs train in float32 (``bf16=False``; TRL's default is bf16 autocast, on also with
+``use_cpu=True``), and each trained network's distribution is enumerated in float64 from float32, outside
+autocast; :func:`precision_effect` measures what reading it under bf16 autocast would change.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from ..toyrlhf.recipes import with_reference
 from ..toyrlhf.task import ToyTask
 
 __all__ = ["TRLRun", "RUNS", "book_task", "distilled_model", "make_args", "run", "run_all", "read_results",
-           "summary", "label", "CANDIDATES", "format_table", "format_outcomes", "precision_effect", "main"]
+           "summary", "label", "CANDIDATES", "format_table", "format_outcomes", "precision_effect",
+           "measure_candidates", "write_results", "remeasure", "main"]
 
 
 @dataclass(frozen=True)
@@ -94,14 +97,16 @@ def distilled_model(task: ToyTask, directory: str | Path, *, steps: int = 60, lr
 
 
 def make_args(spec: TRLRun, output_dir: str) -> Any:
-    """The ``GRPOConfig`` or ``RLOOConfig`` of ``spec`` (CPU, no logging sink, no checkpoints)."""
+    """The ``GRPOConfig`` or ``RLOOConfig`` of ``spec`` (CPU, float32, no logging sink, no checkpoints)."""
     import trl
 
     common = dict(
         output_dir=output_dir, per_device_train_batch_size=spec.batch, num_generations=spec.group,
         max_completion_length=5, max_steps=spec.steps, learning_rate=spec.lr, lr_scheduler_type="linear",
         beta=spec.beta, logging_steps=spec.monitor_every or 20, report_to="none", use_cpu=True,
-        save_strategy="no", seed=0, disable_tqdm=True, gradient_checkpointing=False, **spec.extra,
+        save_strategy="no", seed=0, disable_tqdm=True, gradient_checkpointing=False,
+        bf16=False,  # float32: TRL's default bf16 autocast (on also with use_cpu) rounds every matmul
+        **spec.extra,
     )
     if spec.trainer == "grpo":
         return trl.GRPOConfig(use_bias_correction_kl=spec.bias_correction, scale_rewards=spec.scale_rewards,
@@ -122,6 +127,18 @@ def _candidate_names(spec: TRLRun) -> dict[str, str]:
             "reverse/" + ("none" if spec.scale_rewards == "group" else "group"): "reverse, other scaling"}
 
 
+def measure_candidates(spec: TRLRun, net_task: ToyTask, table: torch.Tensor, args: Any = None) -> dict:
+    """``own`` (the candidate ``spec``'s configuration predicts) and ``kl_to`` (candidate -> KL(trained ||
+    candidate), nats) of a trained network's next-token ``table`` (P, V), relative to ``net_task``."""
+    args = make_args(spec, tempfile.gettempdir()) if args is None else args
+    logp = ex.sequence_logprobs(net_task.space, table)
+    own = kt.fixed_point(net_task, args)
+    cands = kt.fixed_point_candidates(net_task, args)
+    names = _candidate_names(spec)
+    own_key = next(k for k, v in cands.items() if k in names and torch.equal(v, own))
+    return {"own": names[own_key], "kl_to": {names[k]: ex.sequence_kl(logp, cands[k]) for k in names}}
+
+
 def run(
     spec: TRLRun, task: ToyTask, model_dir: str | Path, *, measure: bool = True, keep_model: bool = False
 ) -> dict[str, Any]:
@@ -131,7 +148,8 @@ def run(
     (the largest mass outside the task's tokens), ``log`` (TRL's logged ``kl``, ``reward`` and ``entropy``
     by step), with ``monitor_every`` ``monitor`` (the callback's history), with ``measure`` ``own``
     (the candidate its configuration predicts) and ``kl_to`` (candidate -> KL(trained || candidate),
-    nats), and with ``keep_model`` ``model``, the trained network.
+    nats), ``table`` (the trained network's next-token table over the task's tokens, (P, V) float64), and
+    with ``keep_model`` ``model``, the trained network.
     """
     import datasets
     import transformers
@@ -167,18 +185,14 @@ def run(
            for rec in trainer.state.log_history if "kl" in rec]
     result = {**{k: v for k, v in asdict(spec).items() if k != "extra"}, "seconds": round(seconds, 1)}
     if measure:
-        own = kt.fixed_point(net_task, args)
-        cands = kt.fixed_point_candidates(net_task, args)
-        names = _candidate_names(spec)
-        own_key = next(k for k, v in cands.items() if k in names and torch.equal(v, own))
-        result["own"] = names[own_key]
-        result["kl_to"] = {names[k]: ex.sequence_kl(logp, cands[k]) for k in names}
+        result |= measure_candidates(spec, net_task, tables.table, args)
     result |= {
         "kl_ref": ex.sequence_kl(logp, net_task.ref_logprobs),
         "proxy": ex.expected_reward(logp, net_task.proxy_reward),
         "gold": ex.expected_reward(logp, net_task.gold_reward),
         "off_task": tables.max_off_task,
         "log": log,
+        "table": tables.table,
     }
     if monitor is not None:
         result["monitor"] = monitor.history
@@ -272,11 +286,46 @@ def run_all(runs=RUNS, *, distill_steps: int = 60) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as model_dir:
         fit = distilled_model(task, model_dir, steps=distill_steps)
         results = [run(spec, task, model_dir) for spec in runs]
+        reference = _reference_table(task, model_dir)
     return {"versions": {"trl": trl.__version__, "transformers": transformers.__version__,
                          "torch": torch.__version__.split("+")[0]},
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, one torch thread",
             "date": time.strftime("%Y-%m-%d", time.gmtime()),
-            "distill_kl": fit, "distill_steps": distill_steps, "runs": results}
+            "distill_kl": fit, "distill_steps": distill_steps, "runs": results, "reference": reference}
+
+
+def _reference_table(task: ToyTask, model_dir: str | Path) -> torch.Tensor:
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+    ref_model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir))
+    return kt.model_tables(ref_model, tok, task).table
+
+
+def write_results(results: dict[str, Any], json_path: str | Path, tables_path: str | Path | None) -> None:
+    """The results as JSON, without the tables; those (each run's and the distilled reference's, (P, V)
+    float64) to ``tables_path`` (``.npz``), from which :func:`remeasure` measures the runs again."""
+    plain = {k: v for k, v in results.items() if k != "reference"}
+    plain["runs"] = [{k: v for k, v in r.items() if k not in ("table", "model")} for r in results["runs"]]
+    Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(json_path).write_text(json.dumps(_finite(plain), indent=1) + "\n", encoding="utf8")
+    if tables_path is not None:
+        arrays = {r["name"]: r["table"].numpy() for r in results["runs"]}
+        np.savez_compressed(tables_path, reference=results["reference"].numpy(), **arrays)
+
+
+def remeasure(results: dict[str, Any], tables_path: str | Path) -> dict[str, Any]:
+    """``results`` (as read back) with every run's ``own`` and ``kl_to`` measured again from the stored
+    tables, against the package's current fixed points: no training."""
+    task = book_task()
+    with np.load(tables_path) as stored:
+        net_task = with_reference(task, torch.from_numpy(stored["reference"]))
+        runs = []
+        for r in results["runs"]:
+            spec = next(s for s in RUNS if s.name == r["name"])
+            table = torch.from_numpy(stored[r["name"]])
+            runs.append({**r, **measure_candidates(spec, net_task, table)})
+    return {**results, "runs": runs}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -284,10 +333,21 @@ def main(argv: list[str] | None = None) -> None:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path,
                         help="write the results there (the book's: book/data/trl-runs.json)")
+    parser.add_argument("--tables", type=Path,
+                        help="write the trained networks' tables there (the book's: "
+                             "book/data/trl-runs-tables.npz)")
+    parser.add_argument("--remeasure", action="store_true",
+                        help="no training: measure the runs of --json again from --tables, rewrite --json")
     parser.add_argument("--only", nargs="*", help="run only these names (default: every run of RUNS)")
     parser.add_argument("--steps", type=int, help="override every run's steps (a quick look)")
     ns = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if ns.remeasure:
+        if not (ns.json and ns.tables):
+            parser.error("--remeasure reads --json and --tables")
+        results = remeasure(read_results(ns.json), ns.tables)
+        ns.json.write_text(json.dumps(_finite(results), indent=1) + "\n", encoding="utf8")
+        return
     runs = [r for r in RUNS if not ns.only or r.name in ns.only]
     if ns.only and len(runs) != len(ns.only):
         parser.error(f"--only: unknown names; the runs are {', '.join(r.name for r in RUNS)}")
@@ -299,8 +359,7 @@ def main(argv: list[str] | None = None) -> None:
         dist = ", ".join(f"{k} {v:.3f}" for k, v in r["kl_to"].items())
         print(f"{r['name']:<40} own: {r['own']:<18} {dist}  ({r['seconds']:.0f} s)")
     if ns.json:
-        ns.json.parent.mkdir(parents=True, exist_ok=True)
-        ns.json.write_text(json.dumps(_finite(results), indent=1) + "\n", encoding="utf8")
+        write_results(results, ns.json, ns.tables)
 
 
 def _finite(value: Any) -> Any:
