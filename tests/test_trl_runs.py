@@ -26,6 +26,11 @@ def tiny() -> dict:
     return trl_runs.run_all([grpo, rloo], distill_steps=2)
 
 
+def test_the_runs_train_in_float32() -> None:
+    for spec in trl_runs.RUNS:
+        assert not trl_runs.make_args(spec, "/tmp/kltutorial-test").bf16
+
+
 def test_run_all_records_the_versions_the_machine_and_the_date(tiny: dict) -> None:
     assert tiny["versions"]["trl"] == trl.__version__
     assert set(tiny["versions"]) == {"trl", "transformers", "torch"}
@@ -67,8 +72,18 @@ def test_the_command_line_names_unknown_runs_and_the_results_read_back(tmp_path:
     with pytest.raises(SystemExit):
         trl_runs.main(["--only", "no-such-run"])
     assert "unknown names" in capsys.readouterr().err
-    written = tmp_path / "runs.json"
-    written.write_text(json.dumps(tiny))
+    written, tables = tmp_path / "runs.json", tmp_path / "tables.npz"
+    trl_runs.write_results(tiny, written, tables)
     back = trl_runs.read_results(written)
+    assert "table" not in back["runs"][0] and "reference" not in back
     assert trl_runs.format_table(back) == trl_runs.format_table(tiny)
     assert trl_runs.format_outcomes(back) == trl_runs.format_outcomes(tiny)
+    # the stored tables measure the runs again, without training, to the same numbers
+    again = trl_runs.remeasure(back, tables)
+    for before, after in zip(back["runs"], again["runs"], strict=True):
+        assert after["own"] == before["own"]
+        assert after["kl_to"] == pytest.approx(before["kl_to"], abs=1e-12)
+    with pytest.raises(SystemExit):
+        trl_runs.main(["--remeasure", "--json", str(written)])  # needs --tables too
+    trl_runs.main(["--remeasure", "--json", str(written), "--tables", str(tables)])
+    assert trl_runs.read_results(written)["runs"][0]["kl_to"] == pytest.approx(again["runs"][0]["kl_to"])
