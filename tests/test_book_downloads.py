@@ -139,10 +139,11 @@ def fastest_chapter() -> Path:
     """The chapter that took least time in the last verified run (``make test`` runs nbval first);
     without one, the book's first chapter (the number of code cells says little: §9a has five, and
     trains for a minute)."""
-    record = STATUS_DIR / "nbval-native.json"
-    if record.is_file():
-        times = json.loads(record.read_text(encoding="utf8"))["notebooks"]
-        return ROOT / min(times, key=lambda name: times[name]["seconds"])
+    for name in RUNS:  # whichever pass make test ran (the second kernel set's; the native one by hand)
+        record = STATUS_DIR / name
+        if record.is_file():
+            times = json.loads(record.read_text(encoding="utf8"))["notebooks"]
+            return ROOT / min(times, key=lambda name: times[name]["seconds"])
     return chapter_notebooks()[0]
 
 
