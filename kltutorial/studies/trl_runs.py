@@ -60,11 +60,12 @@ class TRLRun:
     group: int = 8  # num_generations (GRPO's default 8; RLOO's default is 2)
     lr: float = 3e-3
     monitor_every: int = 0  # steps between KLMonitorCallback's logs (0: no callback)
+    iterations: int = 1  # num_iterations: passes over each batch (TRL's default 1)
     extra: dict = field(default_factory=dict)
 
 
 #: The book's runs: GRPO with both KL weightings at DeepSeekMath's β = 0.04 and at 0.1, with and without
-#: the std scaling, and RLOO at its default β.
+#: the std scaling, TRL's default again with two passes over each batch, and RLOO at its default β.
 RUNS: tuple[TRLRun, ...] = (
     TRLRun("grpo-default", "grpo", 0.04, True, "group", monitor_every=20),
     TRLRun("grpo-no-bias-correction", "grpo", 0.04, False, "group"),
@@ -74,6 +75,7 @@ RUNS: tuple[TRLRun, ...] = (
     TRLRun("grpo-beta0.1-no-bias-correction", "grpo", 0.1, False, "group"),
     TRLRun("grpo-beta0.1-no-std", "grpo", 0.1, True, "none"),
     TRLRun("grpo-beta0.1-no-std-no-bias-correction", "grpo", 0.1, False, "none"),
+    TRLRun("grpo-default-two-iterations", "grpo", 0.04, True, "group", iterations=2),
     TRLRun("rloo-default", "rloo", 0.05),
 )
 
@@ -105,6 +107,7 @@ def make_args(spec: TRLRun, output_dir: str) -> Any:
         max_completion_length=5, max_steps=spec.steps, learning_rate=spec.lr, lr_scheduler_type="linear",
         beta=spec.beta, logging_steps=spec.monitor_every or 20, report_to="none", use_cpu=True,
         save_strategy="no", seed=0, disable_tqdm=True, gradient_checkpointing=False,
+        num_iterations=spec.iterations,
         bf16=False,  # float32: TRL's default bf16 autocast (on also with use_cpu) rounds every matmul
         **spec.extra,
     )
@@ -241,36 +244,38 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
             "weighting": weighting, "scale": "-" if result["trainer"] == "rloo" else scale,
             "own": own_name, "to_own": own, "nearest": nearest, "to_nearest": to[nearest],
             "ratio": to[nearest] / own, "to_optimum": to["pi*"], "kl_to": to, "kl_ref": result["kl_ref"],
-            "proxy": result["proxy"], "gold": result["gold"]}
+            "proxy": result["proxy"], "gold": result["gold"], "iterations": result.get("iterations", 1)}
 
 
 CANDIDATES: tuple[str, ...] = ("pi*", "fwd/none", "fwd/group", "rev/none", "rev/group")
 
 
 def label(row: dict[str, Any]) -> str:
-    """A run's short label, e.g. ``GRPO 0.04 k3*ratio group`` or ``RLOO 0.05``."""
+    """A run's short label, e.g. ``GRPO 0.04 k3*ratio group`` or ``RLOO 0.05``; ``x2`` after it for two
+    passes over each batch (``num_iterations=2``)."""
+    passes = f" x{row['iterations']}" if row.get("iterations", 1) > 1 else ""
     if row["trainer"] == "rloo":
-        return f"RLOO {row['beta']:.2f}"
-    return f"GRPO {row['beta']:.2f} {row['weighting']} {row['scale']}"
+        return f"RLOO {row['beta']:.2f}{passes}"
+    return f"GRPO {row['beta']:.2f} {row['weighting']} {row['scale']}{passes}"
 
 
 def format_table(results: dict[str, Any]) -> str:
     """The book's first table: each run's exact KL to every candidate (its own marked ``*``) and how
     many times further the nearest other candidate is than its own (at most 88 characters a line)."""
-    lines = [f"{'run':24} " + " ".join(f"{c:>9}" for c in CANDIDATES) + f" {'x':>5}"]
+    lines = [f"{'run':27} " + " ".join(f"{c:>9}" for c in CANDIDATES) + f" {'x':>5}"]
     for r in map(summary, results["runs"]):
         cells = [(f"{r['kl_to'][c]:8.3f}" + ("*" if c == r["own"] else " ")) if c in r["kl_to"] else
                  f"{'-':>8} " for c in CANDIDATES]
-        lines.append(f"{label(r):24} " + " ".join(cells) + f" {r['ratio']:5.1f}")
+        lines.append(f"{label(r):27} " + " ".join(cells) + f" {r['ratio']:5.1f}")
     return "\n".join(lines)
 
 
 def format_outcomes(results: dict[str, Any]) -> str:
     """The book's second table: each run's exact KL to the reference, expected proxy and gold reward,
     and the largest mass its network puts outside the task's tokens."""
-    lines = [f"{'run':24} {'KL ref':>7} {'proxy':>6} {'gold':>6} {'off-task':>9}"]
+    lines = [f"{'run':27} {'KL ref':>7} {'proxy':>6} {'gold':>6} {'off-task':>9}"]
     for res, r in zip(results["runs"], map(summary, results["runs"]), strict=True):
-        lines.append(f"{label(r):24} {r['kl_ref']:7.2f} {r['proxy']:6.2f} {r['gold']:6.2f}"
+        lines.append(f"{label(r):27} {r['kl_ref']:7.2f} {r['proxy']:6.2f} {r['gold']:6.2f}"
                      f" {res['off_task']:9.1e}")
     return "\n".join(lines)
 
