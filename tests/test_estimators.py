@@ -93,6 +93,73 @@ def test_abs_and_k2_match_their_formulas():
     assert torch.allclose(kl_estimate(lp, lq, "k2"), torch.tensor([0.125, 0.5, 0.0]))
 
 
+# --- one fixed batch, by hand: every estimator's value and gradient ---------------------------------
+# Three sequences of three tokens; the log-ratios Δ = log π - log π_ref are written out below them. The
+# last two positions of sequence 1 and of sequence 2 are padding (the reference's -9 there would give a
+# large estimate).
+
+FIXED_LP = torch.tensor([[-1.0, -2.0, -0.5], [-0.25, -3.0, -1.0], [-2.0, -0.5, -4.0]], dtype=torch.float64)
+FIXED_LQ = torch.tensor([[-1.5, -1.0, -0.5], [-1.25, -1.0, -9.0], [-0.5, -9.0, -9.0]], dtype=torch.float64)
+#        Δ =            [[ 0.5, -1.0,  0.0], [ 1.0,  -2.0,  8.0], [-1.5,  8.5,  5.0]]
+FIXED_MASK = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]])
+
+
+def _k3(d: torch.Tensor) -> torch.Tensor:
+    return torch.exp(-d) - 1 + d
+
+
+# name: (value of Δ, its derivative with respect to log π, which is minus that with respect to log π_ref)
+CLOSED_FORMS = {
+    "k1": (lambda d: d, lambda d: torch.ones_like(d)),
+    "k2": (lambda d: d**2 / 2, lambda d: d),
+    "k3": (_k3, lambda d: 1 - torch.exp(-d)),
+    "abs": (torch.abs, torch.sign),
+    "k1+": (lambda d: d, lambda d: d),
+    "k2+": (lambda d: d**2 / 2, lambda d: d),
+    "k3+": (_k3, lambda d: d),
+    "abs+": (torch.abs, lambda d: d),
+}
+
+
+def _value_and_grads(fn, lp, lq):
+    lp, lq = lp.clone().requires_grad_(True), lq.clone().requires_grad_(True)
+    out = fn(lp, lq)
+    value = out if isinstance(out, torch.Tensor) else out[1]
+    return (out.detach() if isinstance(out, torch.Tensor) else tuple(o.detach() for o in out),
+            *torch.autograd.grad(value.sum(), (lp, lq)))
+
+
+@pytest.mark.parametrize("name", list(CLOSED_FORMS))
+def test_every_estimator_on_a_fixed_batch_value_and_gradient(name):
+    f, df = CLOSED_FORMS[name]
+    d = FIXED_LP - FIXED_LQ
+    assert d.tolist() == [[0.5, -1.0, 0.0], [1.0, -2.0, 8.0], [-1.5, 8.5, 5.0]]
+    value, g_lp, g_lq = _value_and_grads(lambda a, b: kl_estimate(a, b, name), FIXED_LP, FIXED_LQ)
+    torch.testing.assert_close(value, f(d), rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(g_lp, df(d), rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(g_lq, -df(d), rtol=1e-14, atol=1e-14)
+    # per sequence: the masked sum, and the mean over the 3, 2 and 1 valid tokens
+    m = FIXED_MASK.double()
+    for reduction, weight in (("sum", m), ("mean", m / m.sum(-1, keepdim=True))):
+        (per_token, per_seq), g_lp, g_lq = _value_and_grads(
+            lambda a, b, r=reduction: compute_token_kl(a, b, FIXED_MASK, name, r), FIXED_LP, FIXED_LQ)
+        torch.testing.assert_close(per_token, f(d) * m, rtol=1e-14, atol=1e-14)
+        torch.testing.assert_close(per_seq, (f(d) * weight).sum(-1), rtol=1e-14, atol=1e-14)
+        torch.testing.assert_close(g_lp, df(d) * weight, rtol=1e-14, atol=1e-14)
+        torch.testing.assert_close(g_lq, -df(d) * weight, rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_small_batches_and_no_mask(batch):
+    # the first sequences of the fixed batch alone, no mask: every position counts
+    lp, lq = FIXED_LP[:batch], FIXED_LQ[:batch]
+    per_token, per_seq = compute_token_kl(lp, lq)
+    torch.testing.assert_close(per_token, lp - lq, rtol=0, atol=0)
+    torch.testing.assert_close(per_seq, torch.tensor([-0.5, 7.0][:batch], dtype=torch.float64))
+    _, mean = compute_token_kl(lp, lq, reduction="mean")
+    torch.testing.assert_close(mean, torch.tensor([-0.5 / 3, 7.0 / 3][:batch], dtype=torch.float64))
+
+
 # --- Schulman's Gaussian table ---------------------------------------------------------------------
 # q = N(0, 1) is the sampling distribution (our policy), p = N(mu, 1) the reference. For x ~ q,
 # Δ = log q(x) - log p(x) = -mu x + mu²/2 and KL(q || p) = mu²/2.
@@ -290,6 +357,51 @@ def test_log_ratio_clamp_keeps_the_clamped_k3_gradient_finite():
     assert grad[1] == pytest.approx(1 - math.exp(-0.2))  # d k3 / dΔ = 1 - e^{-Δ}, inside both clamps
 
 
+# Each clamp alone and together, through compute_token_kl (what a trainer calls) as well as kl_estimate,
+# on log-ratios that reach every bound: Δ = -30, -1, 0.5, 25.
+CLAMP_LP = torch.tensor([[-31.0, -2.0, -0.5, 0.0]], dtype=torch.float64)
+CLAMP_LQ = torch.tensor([[-1.0, -1.0, -1.0, -25.0]], dtype=torch.float64)
+CLAMP_D = torch.tensor([[-30.0, -1.0, 0.5, 25.0]], dtype=torch.float64)
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "value", "grad"),
+    [
+        # clamp alone: the estimate clipped to [-10, 10], no gradient where it clips
+        ("k1", dict(clamp=10), [-10.0, -1.0, 0.5, 10.0], [0.0, 1.0, 1.0, 0.0]),
+        # log_ratio_clamp alone: Δ clipped to [-20, 20] on both sides before the estimator
+        ("k1", dict(log_ratio_clamp=20), [-20.0, -1.0, 0.5, 20.0], [0.0, 1.0, 1.0, 0.0]),
+        ("k2", dict(log_ratio_clamp=20), [200.0, 0.5, 0.125, 200.0], [0.0, -1.0, 0.5, 0.0]),
+        # both: verl's low_var_kl
+        ("k3", dict(clamp=10, log_ratio_clamp=20), [10.0, math.e - 2, math.exp(-0.5) - 0.5, 10.0],
+         [0.0, 1 - math.e, 1 - math.exp(-0.5), 0.0]),
+        # a straight-through value is clipped, its gradient is k2's (Δ) everywhere
+        ("k3+", dict(clamp=10, log_ratio_clamp=20), [10.0, math.e - 2, math.exp(-0.5) - 0.5, 10.0],
+         [-30.0, -1.0, 0.5, 25.0]),
+        ("k1+", dict(clamp=0.75), [-0.75, -0.75, 0.5, 0.75], [-30.0, -1.0, 0.5, 25.0]),
+    ],
+)
+def test_each_clamp_alone_and_together_through_compute_token_kl(name, kwargs, value, grad):
+    assert torch.equal(CLAMP_LP - CLAMP_LQ, CLAMP_D)
+    want_value = torch.tensor([value], dtype=torch.float64)
+    want_grad = torch.tensor([grad], dtype=torch.float64)
+    got, g_lp, _ = _value_and_grads(lambda a, b: kl_estimate(a, b, name, **kwargs), CLAMP_LP, CLAMP_LQ)
+    torch.testing.assert_close(got, want_value, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(g_lp, want_grad, rtol=1e-14, atol=1e-14)
+    (per_token, per_seq), g_lp, _ = _value_and_grads(
+        lambda a, b: compute_token_kl(a, b, None, name, **kwargs), CLAMP_LP, CLAMP_LQ)
+    torch.testing.assert_close(per_token, want_value, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(per_seq, want_value.sum(-1), rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(g_lp, want_grad, rtol=1e-14, atol=1e-14)
+
+
+def test_the_upper_log_ratio_clamp_alone():
+    # without clamp= to hide it: k3 of Δ = 25 is about 24, of Δ = 20 exactly 19 + e^-20
+    k3 = kl_estimate(torch.tensor([25.0], dtype=torch.float64), torch.zeros(1, dtype=torch.float64), "k3",
+                     log_ratio_clamp=20)
+    assert k3.item() == pytest.approx(19 + math.exp(-20), rel=1e-15)
+
+
 # --- straight-through: the value of k1 or k3, the gradient of k2 ------------------------------------
 
 
@@ -355,6 +467,31 @@ def test_full_is_exact_kl():
                        exact_kl(z, w).clamp(max=0.5))
 
 
+def test_full_with_and_without_a_mask_value_and_gradient_where_padding_is_infinite():
+    # position (0, 1) is padding where the reference rules out a token the policy can produce: its exact KL
+    # is +inf, and it must not reach the gradient (inf * 0 would be NaN)
+    z = torch.log(torch.tensor([[[0.5, 0.5], [0.25, 0.75]], [[0.5, 0.5], [0.5, 0.5]]], dtype=torch.float64))
+    w = torch.log(torch.tensor([[[0.25, 0.75], [1.0, 0.0]], [[0.5, 0.5], [0.75, 0.25]]], dtype=torch.float64))
+    mask = torch.tensor([[1, 0], [1, 1]])
+    kl_a = 0.5 * math.log(2) + 0.5 * math.log(2 / 3)  # KL((1/2, 1/2) || (1/4, 3/4))
+    kl_b = 0.5 * math.log(2 / 3) + 0.5 * math.log(2)  # KL((1/2, 1/2) || (3/4, 1/4))
+    unmasked = kl_estimate(policy_logits=z, reference_logits=w, estimator="full")
+    assert unmasked[0, 0].item() == pytest.approx(kl_a) and math.isinf(unmasked[0, 1].item())
+    zz = z.clone().requires_grad_(True)
+    per_token, per_seq = compute_token_kl(None, None, mask, "full", policy_logits=zz, reference_logits=w)
+    torch.testing.assert_close(per_token, torch.tensor([[kl_a, 0.0], [0.0, kl_b]], dtype=torch.float64))
+    torch.testing.assert_close(per_seq, torch.tensor([kl_a, kl_b], dtype=torch.float64))
+    (grad,) = torch.autograd.grad(per_seq.sum(), zz)
+    assert torch.isfinite(grad).all() and (grad[0, 1] == 0).all()
+    # dKL/dz_v = p_v (log p_v - log q_v - KL): (1/2)(log 2 - kl_a) and (1/2)(log(2/3) - kl_a) at (0, 0)
+    want = torch.tensor([0.5 * (math.log(2) - kl_a), 0.5 * (math.log(2 / 3) - kl_a)], dtype=torch.float64)
+    torch.testing.assert_close(grad[0, 0], want)
+    # the checked inputs' own estimate takes the mask for the same reason
+    inputs = est.KLInputs(get_estimator("full"), policy_logits=zz, reference_logits=w)
+    (grad,) = torch.autograd.grad(inputs.estimate(mask.bool()).masked_fill(mask == 0, 0.0).sum(), zz)
+    assert torch.isfinite(grad).all()
+
+
 def test_one_call_serves_every_estimator_when_logits_are_given():
     z, w = _logits(8)
     tokens = torch.distributions.Categorical(logits=z).sample()
@@ -415,12 +552,16 @@ def test_a_registered_estimator_is_usable_by_name_and_alias_and_does_not_leak():
             return 0.25 * log_ratio.square()
 
         assert list(ESTIMATORS)[-1] == "half_k2" and ESTIMATOR_ALIASES["half_mse"] == "half_k2"
+        spec = get_estimator("half_mse")
+        assert (spec.name, spec.fn, spec.aliases, spec.gradient_from, spec.needs_logits) == (
+            "half_k2", half_k2, ("half_mse",), None, False)
         want = torch.tensor([[0.0625, 0.25, 0.0]])
         assert torch.equal(kl_estimate(lp, lq, "half_k2"), want)
         assert torch.equal(compute_token_kl(lp, lq, estimator="half_mse")[1], want.sum(-1))
         # the clamps and straight-through apply to it like to the built-in ones
         assert torch.equal(kl_estimate(lp, lq, "half_k2", clamp=0.1), want.clamp(max=0.1))
         register_estimator("half_k2+", gradient_from="mse")(half_k2)
+        assert get_estimator("half_k2+").gradient_from == "k2" and get_estimator("half_k2+").aliases == ()
         lp_grad = lp.clone().requires_grad_(True)
         (grad,) = torch.autograd.grad(kl_estimate(lp_grad, lq, "half_k2+").sum(), lp_grad)
         assert torch.equal(grad, lp - lq)
@@ -431,6 +572,27 @@ def test_a_registered_estimator_is_usable_by_name_and_alias_and_does_not_leak():
         kl_estimate(lp, lq, "half_k2")
 
 
+def test_a_registered_logits_estimator_gets_the_logits_and_the_mask():
+    z, w = _logits(11, shape=(2, 3, 4))
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    seen = {}
+    with _scratch_registry():
+
+        @register_estimator("tv", needs_logits=True)
+        def total_variation(policy_logits, reference_logits, attention_mask):
+            seen["mask"] = attention_mask
+            return 0.5 * (policy_logits.softmax(-1) - reference_logits.softmax(-1)).abs().sum(-1)
+
+        spec = get_estimator("tv")
+        assert spec.needs_logits is True and spec.aliases == () and spec.name == "tv"
+        want = 0.5 * (z.softmax(-1) - w.softmax(-1)).abs().sum(-1)
+        assert torch.equal(kl_estimate(policy_logits=z, reference_logits=w, estimator="tv"), want)
+        per_token, _ = compute_token_kl(None, None, mask, "tv", policy_logits=z, reference_logits=w)
+        assert torch.equal(per_token, want * mask) and torch.equal(seen["mask"], mask.bool())
+        with pytest.raises(ValueError, match="'tv' needs policy_logits and reference_logits"):
+            kl_estimate(torch.zeros(2, 3), torch.zeros(2, 3), "tv")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "exc", "match"),
     [
@@ -438,23 +600,27 @@ def test_a_registered_estimator_is_usable_by_name_and_alias_and_does_not_leak():
         (dict(name="low_var_kl"), ValueError, "already registered"),
         (dict(name=""), TypeError, "name must be a non-empty str"),
         (dict(name=3), TypeError, "name must be a non-empty str"),
-        (dict(name="new", aliases="n"), TypeError, "aliases must be a sequence of str"),
+        (dict(name="new", aliases="n"), TypeError, "^aliases must be a sequence of str, got str$"),
         (dict(name="new", aliases=("kl",)), ValueError, "alias 'kl' is already registered"),
         (dict(name="new", aliases=("n", "n")), ValueError, "must all differ"),
         (dict(name="new", aliases=("new",)), ValueError, "must all differ"),
         (dict(name="new", gradient_from="k7"), ValueError, "estimator must be one of"),
-        (dict(name="new", gradient_from="full"), ValueError, "gradient_from must name a plain sampled"),
+        (dict(name="new", gradient_from="full"), ValueError,
+         "^gradient_from must name a plain sampled estimator, and the new estimator must be sampled too; "
+         "got gradient_from='full' with needs_logits=False$"),
         (dict(name="new", gradient_from="k3+"), ValueError, "gradient_from must name a plain sampled"),
         (dict(name="new", gradient_from="k2", needs_logits=True), ValueError, "gradient_from"),
-        (dict(name="new", needs_logits=1), TypeError, "needs_logits must be a bool"),
+        (dict(name="new", needs_logits=1), TypeError, "^needs_logits must be a bool, got int$"),
     ],
 )
 def test_register_estimator_rejects_bad_registrations(kwargs, exc, match):
+    # the parameters are shared by every run of the test: read them, never pop from them
+    name, rest = kwargs["name"], {k: v for k, v in kwargs.items() if k != "name"}
     with _scratch_registry():
-        name = kwargs.pop("name")
         with pytest.raises(exc, match=match):
-            register_estimator(name, **kwargs)
-        with pytest.raises(TypeError, match="must decorate a function"):
+            register_estimator(name, **rest)
+        decorate = r"^register_estimator\('fine'\) must decorate a function, got int$"
+        with pytest.raises(TypeError, match=decorate):
             register_estimator("fine")(42)
         assert "fine" not in ESTIMATORS
 
@@ -474,7 +640,10 @@ LOGITS = dict(policy_logits=Z, reference_logits=Z)
 
 BAD_INPUTS = [
     # (id, callable, kwargs, exception, message regex)
-    ("unknown", kl_estimate, {**PAIR, "estimator": "k4"}, ValueError, r"estimator must be one of .*'k4'"),
+    ("unknown", kl_estimate, {**PAIR, "estimator": "k4"}, ValueError,
+     r"^estimator must be one of 'k1', 'k2', 'k3', 'abs', 'k1\+', 'k2\+', 'k3\+', 'abs\+', 'full', or an "
+     r"alias: 'kl' \(k1\), 'mse' \(k2\), 'low_var_kl' \(k3\), 'kl\+' \(k1\+\), 'mse\+' \(k2\+\), "
+     r"'low_var_kl\+' \(k3\+\); got 'k4'$"),
     ("not-a-name", kl_estimate, {**PAIR, "estimator": None}, ValueError, "estimator must be one of"),
     ("shape", kl_estimate, {**PAIR, "reference_logprobs": LP[:, :2]}, ValueError, "reference_logprobs"),
     ("nan", kl_estimate, {**PAIR, "policy_logprobs": NAN_LP}, ValueError, "policy_logprobs contains NaN"),
@@ -483,16 +652,22 @@ BAD_INPUTS = [
     ("int", kl_estimate, {**PAIR, "policy_logprobs": LP.long()}, TypeError, "policy_logprobs"),
     ("list", kl_estimate, {**PAIR, "policy_logprobs": [-1.0]}, TypeError, "policy_logprobs must be a torch"),
     ("empty", kl_estimate, dict(policy_logprobs=LP[:0], reference_logprobs=LP[:0]), ValueError, "empty"),
-    ("one-of-pair", kl_estimate, dict(policy_logprobs=LP), ValueError, "both policy_logprobs and reference"),
+    ("one-of-pair", kl_estimate, dict(policy_logprobs=LP), ValueError,
+     "^pass both policy_logprobs and reference_logprobs, or neither$"),
     ("nothing", kl_estimate, {}, ValueError, "'k1' needs policy_logprobs and reference_logprobs"),
     ("clamp-zero", kl_estimate, {**PAIR, "clamp": 0}, ValueError, "clamp must be a finite number > 0"),
     ("clamp-str", kl_estimate, {**PAIR, "clamp": "10"}, TypeError, "clamp must be a real number"),
-    ("lr-clamp-inf", kl_estimate, {**PAIR, "log_ratio_clamp": math.inf}, ValueError, "log_ratio_clamp"),
+    ("lr-clamp-inf", kl_estimate, {**PAIR, "log_ratio_clamp": math.inf}, ValueError,
+     "^log_ratio_clamp must be a finite number > 0, got inf$"),
     ("full-no-logits", kl_estimate, {**PAIR, "estimator": "full"}, ValueError,
-     "'full' needs policy_logits and reference_logits"),
+     r"^estimator 'full' needs policy_logits and reference_logits, shape \(B, T, V\): the exact KL sums over "
+     "the whole vocabulary, which the sampled tokens' log-probs do not hold$"),
     ("full-lr-clamp", kl_estimate, {**LOGITS, "estimator": "full", "log_ratio_clamp": 20}, ValueError,
      "log_ratio_clamp applies to sampled estimators"),
-    ("one-logits", kl_estimate, {**PAIR, "policy_logits": Z}, ValueError, "both policy_logits and reference"),
+    ("one-logits", kl_estimate, {**PAIR, "policy_logits": Z}, ValueError,
+     "^pass both policy_logits and reference_logits, or neither$"),
+    ("ref-logits-rank", kl_estimate, {**LOGITS, "estimator": "full", "reference_logits": Z[0]}, ValueError,
+     r"^reference_logits must have 3 dimensions \(B, T, V\), got shape \(3, 5\)$"),
     ("logits-rank", kl_estimate, {**LOGITS, "estimator": "full", "policy_logits": Z[0]}, ValueError,
      r"policy_logits must have 3 dimensions \(B, T, V\)"),
     ("logits-shape", kl_estimate, {**LOGITS, "estimator": "full", "reference_logits": Z[:, :, :4]},
@@ -501,7 +676,8 @@ BAD_INPUTS = [
      ValueError, r"policy_logprobs must have shape \(2, 2\)"),
     ("full-nan", kl_estimate, {**LOGITS, "estimator": "full", "policy_logits": Z.clone().fill_(math.nan)},
      ValueError, "policy_logits contains NaN"),
-    ("tok-mask-shape", compute_token_kl, {**PAIR, "attention_mask": MASK[:1]}, ValueError, "attention_mask"),
+    ("tok-mask-shape", compute_token_kl, {**PAIR, "attention_mask": MASK[:1]}, ValueError,
+     r"^attention_mask must have shape \(2, 3\), got \(1, 3\)$"),
     ("tok-mask-values", compute_token_kl, {**PAIR, "attention_mask": MASK * 0.5}, ValueError,
      "attention_mask must contain only 0 and 1"),
     ("tok-mask-type", compute_token_kl, {**PAIR, "attention_mask": [[1, 1, 1]] * 2}, TypeError,

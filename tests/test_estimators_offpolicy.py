@@ -82,6 +82,20 @@ def test_compute_token_kl_takes_old_logprobs():
     torch.testing.assert_close(grad, want)
 
 
+def test_compute_token_kl_clamps_the_weight():
+    # w = π/π_old = e^2, e^-1, 1, e^0.5 and Δ = 1, -1, 0.5, 2; weight_clamp = 2 clips the first and only it
+    lp = torch.tensor([[-1.0, -2.0, -0.5, 0.0]], dtype=torch.float64)
+    lq = lp - torch.tensor([[1.0, -1.0, 0.5, 2.0]], dtype=torch.float64)
+    old = lp - torch.tensor([[2.0, -1.0, 0.0, 0.5]], dtype=torch.float64)
+    w = torch.tensor([[2.0, math.exp(-1), 1.0, math.exp(0.5)]], dtype=torch.float64)
+    for name in ("k1+", "k3+"):
+        lp_grad = lp.clone().requires_grad_(True)
+        per_token, per_seq = compute_token_kl(lp_grad, lq, None, name, old_logprobs=old, weight_clamp=2.0)
+        torch.testing.assert_close(per_token, kl_estimate(lp, lq, name[:2]), rtol=0, atol=0)
+        (grad,) = torch.autograd.grad(per_seq.sum(), lp_grad)
+        torch.testing.assert_close(grad, w * (lp - lq), rtol=1e-14, atol=0)
+
+
 LP = torch.tensor([[-1.0, -2.0, -0.5], [-0.1, -3.0, -1.2]])
 PAIR = dict(policy_logprobs=LP, reference_logprobs=LP - 0.3)
 Z = torch.zeros(2, 3, 5)
@@ -89,7 +103,8 @@ Z = torch.zeros(2, 3, 5)
 BAD_INPUTS = [
     # (id, callable, kwargs, exception, message regex)
     ("not-straight-through", kl_estimate, {**PAIR, "estimator": "k3", "old_logprobs": LP}, ValueError,
-     r"old_logprobs importance-weights the gradient of a straight-through estimator .*got 'k3'"),
+     r"^old_logprobs importance-weights the gradient of a straight-through estimator \('k1\+', 'k2\+', "
+     r"'k3\+', 'abs\+'\), the only ones whose gradient is k2's whatever their value; got 'k3'$"),
     ("full", kl_estimate, {"policy_logits": Z, "reference_logits": Z, "estimator": "full",
                            "old_logprobs": LP}, ValueError, "straight-through"),
     ("shape", kl_estimate, {**PAIR, "estimator": "k3+", "old_logprobs": LP[:, :2]}, ValueError,
@@ -98,7 +113,7 @@ BAD_INPUTS = [
      ValueError, "old_logprobs contains NaN"),
     ("list", kl_estimate, {**PAIR, "estimator": "k1+", "old_logprobs": [-1.0]}, TypeError, "old_logprobs"),
     ("clamp-without-old", kl_estimate, {**PAIR, "estimator": "k3+", "weight_clamp": 10}, ValueError,
-     "weight_clamp bounds the importance weight, which needs old_logprobs"),
+     "^weight_clamp bounds the importance weight, which needs old_logprobs$"),
     ("clamp-zero", kl_estimate, {**PAIR, "estimator": "k3+", "old_logprobs": LP, "weight_clamp": 0},
      ValueError, "weight_clamp must be a finite number > 0"),
     ("clamp-str", kl_estimate, {**PAIR, "estimator": "k3+", "old_logprobs": LP, "weight_clamp": "10"},
