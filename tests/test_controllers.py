@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from kltutorial import (
     ExponentialKLController,
     FixedKLController,
 )
-from kltutorial.controllers import MIN_FACTOR
+from kltutorial.controllers import MIN_FACTOR, KLController
 
 
 def test_fixed_never_moves():
@@ -131,6 +133,62 @@ def test_doubling_controller_only_reaches_its_band_in_closed_loop():
     # Once inside [4, 9] it stops acting: KL settles wherever the last doubling/halving left it.
     assert np.all((kls[-100:] >= 4.0) & (kls[-100:] <= 9.0))
     assert set(np.round(c.history.beta, 12)) <= {1.0, 0.5, 0.25, 0.125}
+
+
+# --- defaults, arrays where scalars are usual, the clamps' edges --------------------------------------
+
+
+def test_the_defaults_are_the_documented_ones():
+    assert repr(AdaptiveKLController()) == "AdaptiveKLController(beta=0.2, target_kl=6.0, horizon=10000.0)"
+    assert repr(FixedKLController()) == "FixedKLController(beta=0.1)"
+    assert repr(DoublingKLController()) == (
+        "DoublingKLController(beta=0.1, target_kl=6.0, factor=2.0, band=1.5, min_coef=0.001, max_coef=10.0)"
+    )
+    assert repr(ExponentialKLController()) == (
+        "ExponentialKLController(beta=0.1, target_kl=6.0, gain=0.12, min_coef=0.02, max_coef=0.5)"
+    )
+    # next_beta counts one step unless told: the proportional rule's step is 0.2 * 1 / 100
+    assert AdaptiveKLController(1.0, 6.0, 100.0).next_beta(1.0, 12.0) == pytest.approx(1.002, rel=1e-15)
+
+
+@pytest.mark.parametrize("name", ["fixed", "adaptive", "doubling", "exponential"])
+def test_next_beta_broadcasts_a_scalar_beta_over_an_array_of_kls(name):
+    c = MAKERS[name]()  # beta 0.3, target 6
+    kls = np.array([[0.5, 6.0, 20.0], [3.0, 8.0, 12.0]])
+    got = c.next_beta(0.3, kls)
+    assert isinstance(got, np.ndarray) and got.shape == (2, 3) and got.dtype == np.float64
+    want = [[c.next_beta(0.3, float(kl)) for kl in row] for row in kls]
+    np.testing.assert_array_equal(got, want)
+    # and an integer beta is a float coefficient, elementwise over the KLs
+    np.testing.assert_array_equal(c.next_beta(1, np.zeros(2)), c.next_beta(1.0, np.zeros(2)))
+    assert c.next_beta(1, np.zeros(2)).dtype == np.float64
+    if name == "fixed":
+        np.testing.assert_array_equal(got, np.full((2, 3), 0.3))
+        out = c.next_beta(np.array([0.1, 0.2]), np.array([[1.0], [2.0], [3.0]]))  # (2,) with (3, 1)
+        np.testing.assert_array_equal(out, np.tile([0.1, 0.2], (3, 1)))
+
+
+def test_the_base_class_has_no_rule():
+    with pytest.raises(NotImplementedError):
+        KLController().next_beta(0.1, 1.0)
+
+
+def test_an_overflow_of_the_proportional_rule_is_clipped_silently():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning: the clip is the documented behaviour
+        c = AdaptiveKLController(1.0, 1.0, 1.0)
+        assert c.next_beta(1e308, 100.0, n_steps=10**6) == sys.float_info.max
+        assert c.next_beta(1e-300, 0.0, n_steps=10**6) == pytest.approx(1e-302)
+
+
+@pytest.mark.parametrize("cls", [DoublingKLController, ExponentialKLController])
+def test_a_clamp_may_be_one_point_and_beta_may_start_at_either_end(cls):
+    pinned = cls(beta=0.5, min_coef=0.5, max_coef=0.5)
+    assert [pinned.update(kl) for kl in (0.0, 6.0, 100.0)] == [0.5, 0.5, 0.5]
+    low, high = cls(beta=0.05, min_coef=0.05, max_coef=2.0), cls(beta=2.0, min_coef=0.05, max_coef=2.0)
+    assert low.value == 0.05 and high.value == 2.0
+    assert low.update(0.0) == 0.05 and high.update(100.0) == 2.0  # pushed past the clamp: held there
+    assert low.update(100.0) > 0.05 and high.update(0.0) < 2.0
 
 
 # --- one vocabulary; a settable value ---------------------------------------------------------------------
@@ -250,14 +308,19 @@ def _state(**override):
 @pytest.mark.parametrize(
     ("state", "exc", "match"),
     [
-        ([("value", 0.2)], TypeError, "state must be a mapping"),
+        ([("value", 0.2)], TypeError, r"^state must be a mapping from state_dict\(\), got list$"),
         ({"value": 0.2}, ValueError, "state must have the keys"),
         (_state(extra=1), ValueError, "state must have the keys"),
-        (_state(type="FixedKLController"), ValueError, "state is of a FixedKLController"),
+        (_state(type="FixedKLController"), ValueError,
+         "^state is of a FixedKLController, not of a AdaptiveKLController$"),
         (_state(value=-0.1), ValueError, r"state\['value'\] must be a finite number > 0"),
         (_state(value=0.0, beta=[0.0]), ValueError, r"state\['value'\]"),
         (_state(value=0.3), ValueError, r"end with state\['value'\]"),
-        (_state(kl=[1.0]), ValueError, "one more coefficient"),
+        (_state(kl=[1.0]), ValueError,
+         r"^state\['beta'\] must hold one more coefficient than state\['kl'\] has KLs and end with "
+         r"state\['value'\]; got 1 coefficients, 1 KLs$"),
+        (_state(kl=[1.0], beta=[0.2, -0.2]), ValueError,
+         r"^state\['beta'\]\[1\] must be a finite number > 0"),
         (_state(kl=[math.nan], beta=[0.2, 0.2]), ValueError, r"state\['kl'\]\[0\] must be a finite number"),
         (_state(kl=["x"], beta=[0.2, 0.2]), TypeError, r"state\['kl'\]\[0\] must be a real number"),
     ],
@@ -341,7 +404,12 @@ BAD_INPUTS = [
     ("doubling-band", DoublingKLController, dict(band=0.5), ValueError, "band must be a finite number > 1"),
     ("doubling-bounds", DoublingKLController, dict(min_coef=1.0, max_coef=0.5), ValueError,
      "min_coef must be <= max_coef"),
-    ("doubling-init", DoublingKLController, dict(beta=20.0), ValueError, r"beta must lie in \[min_coef"),
+    ("doubling-init", DoublingKLController, dict(beta=20.0), ValueError,
+     r"^beta must lie in \[min_coef, max_coef\] = \[0.001, 10.0\], got 20.0$"),
+    ("doubling-init-zero", DoublingKLController, dict(beta=0.0), ValueError,
+     "^beta must be a finite number > 0, got 0"),
+    ("exp-init-below", ExponentialKLController, dict(beta=0.01), ValueError,
+     r"^beta must lie in \[min_coef, max_coef\] = \[0.02, 0.5\], got 0.01$"),
     ("doubling-min", DoublingKLController, dict(min_coef=0), ValueError,
      "min_coef must be a finite number > 0"),
     ("exp-gain", ExponentialKLController, dict(gain=0.0), ValueError, "gain must be a finite number > 0"),
