@@ -219,7 +219,8 @@ def compute_rlhf_objective(
         spec, None, None, policy_logprobs, reference_logprobs,
         policy_logits, reference_logits,
     )
-    per_token_kl = torch.where(mask, inputs.estimate(mask), zeros).detach()  # (B, T)
+    # detached, so no mask is needed to keep padding out of a backward; torch.where zeroes it
+    per_token_kl = torch.where(mask, inputs.estimate(), zeros).detach()  # (B, T)
     sequence_kl = per_token_kl.sum(dim=-1)  # (B,)
     penalized = rewards.to(sequence_kl.dtype) - beta * sequence_kl  # (B,)
     # 3. the loss: REINFORCE on r - β log(π/π_ref), leave-one-out baseline

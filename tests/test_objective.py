@@ -15,6 +15,7 @@ from kltutorial import (
     get_logprobs_for_tokens,
     shape_rewards,
 )
+from kltutorial.objective import last_valid_positions
 
 
 def test_shape_rewards_places_score_at_last_valid_token():
@@ -205,6 +206,107 @@ def test_objective_checks_its_inputs_once_and_names_response_tokens():
         compute_rlhf_objective(pol, ref, tokens[:, :3], torch.zeros(2), torch.ones(tokens.shape), 0.1)
 
 
+# --- one fixed batch, by hand ----------------------------------------------------------------------------
+# Three sequences of two tokens over a vocabulary of two; the response is token 0 everywhere, and each row of
+# logits is the log of a distribution, so log pi(y) is the row's first entry. Sequence 1 is padded at t = 1.
+#
+#                 log pi(y)      log pi_ref(y)   mask    r    k1 summed over the mask
+#   sequence 0    -1.0, -2.0     -1.5, -1.0      1, 1    1    0.5 - 1.0 = -0.5
+#   sequence 1    -0.5, -1.5     -1.0, -9.0      1, 0    0    0.5
+#   sequence 2    -3.0, -1.0     -2.0, -3.5      1, 1    2    -1.0 + 2.5 = 1.5
+#
+# With beta = 0.5 the penalised scores r - beta k1 are 1.25, -0.25, 1.25; the leave-one-out baselines
+# 0.5, 1.25, 0.5; the advantages A = 0.75, -1.5, 0.75; log pi of each sequence -3, -0.5, -4; the loss
+# -(0.75 * -3 + -1.5 * -0.5 + 0.75 * -4) / 3 = 1.5.
+
+BATCH_LP = torch.tensor([[-1.0, -2.0], [-0.5, -1.5], [-3.0, -1.0]], dtype=torch.float64)
+BATCH_LQ = torch.tensor([[-1.5, -1.0], [-1.0, -9.0], [-2.0, -3.5]], dtype=torch.float64)
+BATCH_MASK = torch.tensor([[1, 1], [1, 0], [1, 1]])
+BATCH_REWARDS = torch.tensor([1.0, 0.0, 2.0], dtype=torch.float64)
+
+
+def _two_token_logits(logprobs: torch.Tensor) -> torch.Tensor:
+    """(B, T, 2) logits whose token 0 has log-prob ``logprobs`` (B, T): log p and log(1 - p)."""
+    return torch.stack([logprobs, torch.log1p(-logprobs.exp())], dim=-1)
+
+
+def _batch(n: int = 3, **kwargs):
+    pol = _two_token_logits(BATCH_LP[:n]).requires_grad_(True)
+    ref = _two_token_logits(BATCH_LQ[:n]).requires_grad_(True)
+    tokens = torch.zeros(n, 2, dtype=torch.long)
+    loss, info = compute_rlhf_objective(pol, ref, tokens, BATCH_REWARDS[:n], BATCH_MASK[:n], 0.5, **kwargs)
+    return pol, ref, loss, info
+
+
+def _bernoulli_kl(lp: torch.Tensor, lq: torch.Tensor) -> torch.Tensor:
+    p, q = lp.exp(), lq.exp()
+    return p * (lp - lq) + (1 - p) * (torch.log1p(-p) - torch.log1p(-q))
+
+
+def test_the_loss_its_gradient_and_the_logged_numbers_on_one_batch_by_hand():
+    pol, ref, loss, info = _batch()
+    assert loss.item() == pytest.approx(1.5, abs=1e-12)
+    assert info["mean_reward"] == 1.0
+    assert info["mean_kl"] == pytest.approx(0.5, abs=1e-12)  # k1 sums -0.5, 0.5, 1.5
+    assert info["kl_penalty"] == pytest.approx(0.25, abs=1e-12)
+    assert info["objective"] == pytest.approx(0.75, abs=1e-12)  # mean of 1.25, -0.25, 1.25
+    torch.testing.assert_close(info["per_token_kl"], torch.tensor([[0.5, -1.0], [0.5, 0.0], [-1.0, 2.5]],
+                                                                  dtype=torch.float64), rtol=0, atol=1e-12)
+    exact = torch.where(BATCH_MASK.bool(), _bernoulli_kl(BATCH_LP, BATCH_LQ), 0.0).sum(-1).mean()
+    assert info["mean_exact_kl"] == pytest.approx(float(exact), abs=1e-12)
+    # d loss / d z_{b,t,v} = -A_b m_{b,t} (1[v = y] - p_v) / B, with y = 0 and p_0 = exp(log pi(y))
+    (grad,) = torch.autograd.grad(loss, pol)
+    advantage = torch.tensor([0.75, -1.5, 0.75], dtype=torch.float64)
+    g0 = -advantage[:, None] * BATCH_MASK * (1 - BATCH_LP.exp()) / 3
+    torch.testing.assert_close(grad, torch.stack([g0, -g0], dim=-1), rtol=0, atol=1e-12)
+    assert torch.autograd.grad(loss, ref, allow_unused=True) == (None,)  # the reference gets no gradient
+
+
+@pytest.mark.parametrize(("n", "want"), [(1, 3.75), (2, 1.875)])
+def test_the_baseline_of_one_and_of_two_sequences_by_hand(n, want):
+    # n = 1: no baseline, loss = -(1.25 * -3) = 3.75; n = 2: baselines -0.25 and 1.25, advantages 1.5 and
+    # -1.5, loss = -(1.5 * -3 + -1.5 * -0.5) / 2 = 1.875
+    pol, _, loss, _ = _batch(n)
+    assert loss.item() == pytest.approx(want, abs=1e-12)
+    (grad,) = torch.autograd.grad(loss, pol)
+    advantage = torch.tensor([1.25] if n == 1 else [1.5, -1.5], dtype=torch.float64)
+    g0 = -advantage[:, None] * BATCH_MASK[:n] * (1 - BATCH_LP[:n].exp()) / n
+    torch.testing.assert_close(grad, torch.stack([g0, -g0], dim=-1), rtol=0, atol=1e-12)
+
+
+def test_the_logged_estimate_follows_the_estimator_and_the_loss_does_not():
+    _, _, loss_k1, _ = _batch()
+    for name in ("k3", "low_var_kl", "full"):
+        _, _, loss, info = _batch(estimator=name)
+        assert loss.item() == loss_k1.item()
+        want = (compute_token_kl(BATCH_LP, BATCH_LQ, BATCH_MASK, name)[0] if name != "full" else
+                exact_kl(_two_token_logits(BATCH_LP), _two_token_logits(BATCH_LQ), BATCH_MASK))
+        torch.testing.assert_close(info["per_token_kl"], want, rtol=0, atol=1e-12)
+        assert info["mean_kl"] == pytest.approx(float(want.sum(-1).mean()), abs=1e-12)
+        assert info["objective"] == pytest.approx(1.0 - 0.5 * info["mean_kl"], abs=1e-12)
+
+
+def test_the_loss_and_the_logged_objective_are_in_the_log_probs_dtype():
+    # float64 rewards with float32 logits: the loss stays float32, and the logged objective is the float32
+    # mean of r - beta KL, as the loss's score is
+    pol = _two_token_logits(BATCH_LP).float()
+    ref = _two_token_logits(BATCH_LQ).float()
+    rewards = torch.tensor([0.1, 0.2, 0.7], dtype=torch.float64)
+    loss, info = compute_rlhf_objective(pol, ref, torch.zeros(3, 2, dtype=torch.long), rewards, BATCH_MASK,
+                                        beta=0.3)
+    assert loss.dtype == torch.float32
+    kl = info["per_token_kl"].sum(-1)
+    assert kl.dtype == torch.float32
+    assert info["objective"] == (rewards.float() - 0.3 * kl).mean().item()
+
+
+def test_last_valid_positions_for_right_left_and_no_padding():
+    mask = torch.tensor([[True, True, False], [False, True, True], [True, True, True], [False, True, False]])
+    assert last_valid_positions(mask).tolist() == [1, 2, 2, 1]
+    with pytest.raises(ValueError, match=r"^response_mask has no valid token in sequence\(s\) \[0, 2\]; "):
+        last_valid_positions(torch.tensor([[False], [True], [False]]), "response_mask")
+
+
 # --- bad input: one table for the module --------------------------------------------------------------
 
 B, T, V = 2, 3, 5
@@ -234,13 +336,16 @@ BAD_INPUTS = [
     ("sr-beta-nan", shape_rewards, {**SHAPE, "beta": math.nan}, ValueError, "beta must be a finite"),
     ("sr-beta-str", shape_rewards, {**SHAPE, "beta": "0.1"}, TypeError, "beta must be a real number"),
     ("sr-beta-none", shape_rewards, {**SHAPE, "beta": None}, TypeError, "beta must be a real number"),
-    ("sr-mask-shape", shape_rewards, {**SHAPE, "attention_mask": MASK[:, :1]}, ValueError, "attention_mask"),
+    ("sr-mask-shape", shape_rewards, {**SHAPE, "attention_mask": MASK[:, :1]}, ValueError,
+     r"^attention_mask must have shape \(2, 3\), got \(2, 1\)$"),
     ("sr-empty-row", shape_rewards, {**SHAPE, "attention_mask": MASK * torch.tensor([[1.0], [0.0]])},
      ValueError, r"attention_mask has no valid token in sequence\(s\) \[1\]"),
     ("obj-logit-shapes", compute_rlhf_objective, {**OBJ, "reference_logits": torch.zeros(B, T, V + 1)},
      ValueError, "policy_logits and reference_logits must have the same shape"),
     ("obj-logits-rank", compute_rlhf_objective, {**OBJ, "policy_logits": LOGITS[0]}, ValueError,
-     "policy_logits must have 3 dimensions"),
+     "^policy_logits must have 3 dimensions"),
+    ("obj-ref-logits-rank", compute_rlhf_objective, {**OBJ, "reference_logits": LOGITS[0]}, ValueError,
+     r"^reference_logits must have 3 dimensions \(B, T, V\), got shape \(3, 5\)$"),
     ("obj-logits-nan", compute_rlhf_objective, {**OBJ, "reference_logits": NAN_LOGITS}, ValueError,
      r"logits contains NaN \(at position b=1, t=0\)"),
     ("obj-tokens", compute_rlhf_objective, {**OBJ, "response_tokens": TOKENS[:, :1]}, ValueError,
@@ -251,7 +356,8 @@ BAD_INPUTS = [
      "rewards must have shape"),
     ("obj-rewards-nan", compute_rlhf_objective, {**OBJ, "rewards": torch.tensor([0.0, math.nan])},
      ValueError, "rewards contains NaN"),
-    ("obj-mask", compute_rlhf_objective, {**OBJ, "attention_mask": MASK * 3}, ValueError, "attention_mask"),
+    ("obj-mask", compute_rlhf_objective, {**OBJ, "attention_mask": MASK * 3}, ValueError,
+     r"^attention_mask must contain only 0 and 1 \(1 = valid token, 0 = padding\)$"),
     ("obj-beta", compute_rlhf_objective, {**OBJ, "beta": -1.0}, ValueError, "beta must be"),
     ("obj-beta-none", compute_rlhf_objective, {**OBJ, "beta": None}, TypeError, "beta must be a real"),
     ("obj-estimator", compute_rlhf_objective, {**OBJ, "estimator": "k4"}, ValueError,
