@@ -1,7 +1,7 @@
-"""Tests of kltutorial.monitoring and kltutorial.studies.diagnostics (book section 12): log statistics
-and exact expectations, the samplers against their definitions, per-token KL tables against the chain rule,
-spike detector on series whose spikes are known, the false alarms of the k1 - k3 gap against exact moments
-and the log line's own numbers, and a table of bad inputs."""
+"""Tests of kltutorial.studies.diagnostics (book section 12): the log line's exact expectations, the samplers
+against their definitions, per-token KL tables against the chain rule, the false alarms of the k1 - k3 gap
+against exact moments and the log line's own numbers (kltutorial.monitoring's, whose own tests are
+tests/test_monitoring.py), and a table of bad inputs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from kltutorial import exact as ex
-from kltutorial import kl_estimate
 from kltutorial import monitoring as mon
 from kltutorial.studies import diagnostics as dg
 
@@ -30,36 +29,6 @@ PI, REF, Q = (_random_table(SPACE, s) for s in (0, 1, 2))
 
 
 # --- a log line -----------------------------------------------------------------------------------------
-
-
-def test_kl_log_stats_by_hand():
-    lp = torch.tensor([[-1.0, -2.0], [-1.0, -1.0], [-3.0, -0.5]], dtype=F64)
-    lq = torch.tensor([[-2.0, -1.0], [-1.5, -1.0], [-1.0, -0.5]], dtype=F64)
-    s = mon.kl_log_stats(lp, lq)
-    d = lp - lq  # per-sequence k1: 0, 0.5, -2
-    k1 = d.sum(-1)
-    k3 = (torch.exp(-d) - 1 + d).sum(-1)
-    assert s.k1 == pytest.approx(-0.5) and s.k3 == pytest.approx(float(k3.mean()))
-    assert s.k1_se == pytest.approx(float(k1.std()) / math.sqrt(3))
-    assert s.gap == pytest.approx(s.k1 - s.k3)
-    assert s.gap_se == pytest.approx(float((k1 - k3).std()) / math.sqrt(3))
-    assert s.negative_sequences == pytest.approx(1 / 3)  # only the third sum is below 0
-    assert s.negative_tokens == pytest.approx(2 / 6)  # -1 and -2
-    assert s.max_sequence_k1 == pytest.approx(0.5) and s.n == 3
-
-
-def test_kl_log_stats_uses_the_library_estimators_and_the_mask():
-    g = torch.Generator().manual_seed(0)
-    lp, lq = -torch.rand(4, 5, generator=g, dtype=F64), -torch.rand(4, 5, generator=g, dtype=F64)
-    mask = torch.tensor([1, 1, 1, 0, 0])
-    s = mon.kl_log_stats(lp, lq, mask)
-    k3 = kl_estimate(lp, lq, "k3")[:, :3].sum(-1)
-    assert s.k3 == pytest.approx(float(k3.mean()))
-    assert s.k1 == pytest.approx(float((lp - lq)[:, :3].sum(-1).mean()))
-    same = mon.kl_log_stats(lp, lq, mask.expand(4, 5))  # a (B, T) mask means the same
-    assert same == s
-    one = mon.kl_log_stats(lp[:1], lq[:1])
-    assert math.isnan(one.k1_se) and math.isnan(one.gap_se)
 
 
 def test_expected_log_stats_on_policy_is_the_exact_kl():
@@ -99,13 +68,6 @@ def test_expected_log_stats_shares_by_hand():
     assert s.max_sequence_k1 == pytest.approx(math.log(2))
     forced = dg.force_token_logprobs(pi, 1)  # a sampler that only draws token 1
     assert dg.expected_log_stats(space, pi, ref, forced).max_sequence_k1 == pytest.approx(math.log(2 / 3))
-
-
-def test_entropy():
-    rows = torch.tensor([[0.25, 0.25, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0], [0.5, 0.3, 0.2, 0.0]], dtype=F64)
-    h = mon.entropy(rows.log())
-    p = rows[2, :3]
-    torch.testing.assert_close(h, torch.tensor([math.log(4), 0.0, float(-(p * p.log()).sum())], dtype=F64))
 
 
 # --- samplers -------------------------------------------------------------------------------------------
@@ -196,73 +158,7 @@ def test_token_kl_table_sums_to_the_kl_in_expectation():
     assert torch.equal(torch.sort(sorted_table.tokens, dim=0).values, torch.sort(table.tokens, dim=0).values)
 
 
-# --- spikes ---------------------------------------------------------------------------------------------
-
-
-def _noise(n: int, seed: int = 0) -> np.ndarray:
-    return 1.0 + 0.05 * np.random.default_rng(seed).standard_normal(n)
-
-
-def test_one_spike_is_flagged_and_nothing_else():
-    x = _noise(120)
-    x[70] += 1.0
-    r = mon.detect_spikes(x, window=20, threshold=6.0)
-    assert r.indices.tolist() == [70]
-    assert np.isnan(r.score[:20]).all() and not r.flags[:20].any()
-
-
-def test_median_and_mad_by_hand():
-    x = [1.0, 2.0, 3.0, 4.0, 100.0, 0.0]
-    r = mon.detect_spikes(x, window=5, threshold=1.0, side="both")
-    # step 5: window 1, 2, 3, 4, 100 -> median 3, MAD = median(2, 1, 0, 1, 97) = 1
-    assert r.median[5] == 3.0 and r.scale[5] == pytest.approx(mon.MAD_TO_STD)
-    assert r.score[5] == pytest.approx(-3.0 / mon.MAD_TO_STD) and r.flags[5]
-
-
-def test_a_spike_does_not_hide_the_next_one_unlike_mean_and_std():
-    x = _noise(120, seed=1)
-    x[[60, 66]] += 1.0
-    robust = mon.detect_spikes(x, window=20, threshold=6.0)
-    naive = mon.detect_spikes(x, window=20, threshold=6.0, centre="mean")
-    assert robust.indices.tolist() == [60, 66]
-    assert naive.indices.tolist() == [60]  # the first spike inflates the standard deviation
-
-
-def test_detector_is_causal_and_two_sided_on_request():
-    x = _noise(80, seed=2)
-    x[50] -= 1.0
-    assert mon.detect_spikes(x).indices.size == 0  # "upper" ignores a drop
-    assert mon.detect_spikes(x, side="both").indices.tolist() == [50]
-    y = x.copy()
-    y[60:] = 50.0  # what happens later cannot change earlier flags
-    before = mon.detect_spikes(x, side="both")
-    after = mon.detect_spikes(y, side="both")
-    np.testing.assert_array_equal(before.flags[:60], after.flags[:60])
-
-
-def test_flat_history_uses_the_floor():
-    x = np.ones(30)
-    x[25] = 1.0 + 1e-12
-    assert mon.detect_spikes(x, window=10).indices.size == 0  # below min_scale * threshold
-    x[26] = 1.1
-    assert mon.detect_spikes(x, window=10).indices.tolist() == [26]
-    short = mon.detect_spikes(x[:5], window=10)
-    assert np.isnan(short.median).all() and short.indices.size == 0
-
-
 # --- false alarms of the k1 - k3 gap ---------------------------------------------------------------------
-
-
-def test_exact_kl_check_by_hand_and_with_a_mask():
-    lp = torch.tensor([[-1.0, -2.0], [-1.0, -1.0], [-3.0, -0.5]], dtype=F64)
-    lq = torch.tensor([[-2.0, -1.0], [-1.5, -1.0], [-1.0, -0.5]], dtype=F64)
-    kl = torch.tensor([[0.3, 0.1], [0.2, 0.0], [0.4, 0.2]], dtype=F64)
-    d = (lp - lq - kl).sum(-1)
-    mean, se = mon.exact_kl_check(lp, lq, kl)
-    assert mean == pytest.approx(float(d.mean())) and se == pytest.approx(float(d.std()) / math.sqrt(3))
-    mask = torch.tensor([1, 0])
-    assert mon.exact_kl_check(lp, lq, kl, mask)[0] == pytest.approx(float((lp - lq - kl)[:, 0].mean()))
-    assert math.isnan(mon.exact_kl_check(lp[:1], lq[:1], kl[:1])[1])
 
 
 def test_exact_kl_check_has_mean_zero_on_policy_and_not_off_it():
@@ -340,21 +236,14 @@ def test_pushed_down_pair_moves_only_the_favourites():
 
 # --- bad input ------------------------------------------------------------------------------------------
 
-LP = torch.zeros(2, 3)
 GEN = torch.Generator().manual_seed(0)
 
 BAD_INPUTS = [
-    ("log-rank", lambda: mon.kl_log_stats(LP[0], LP[0]), ValueError, r"shape \(B, T\)"),
-    ("log-shape", lambda: mon.kl_log_stats(LP, LP[:, :2]), ValueError, "same shape"),
-    ("log-nan", lambda: mon.kl_log_stats(LP.clone().fill_(math.nan), LP), ValueError, "NaN"),
-    ("log-mask", lambda: mon.kl_log_stats(LP, LP, torch.ones(4)), ValueError, "mask must have shape"),
-    ("log-mask-values", lambda: mon.kl_log_stats(LP, LP, torch.full((3,), 0.5)), ValueError, "only 0 and 1"),
     ("exp-space", lambda: dg.expected_log_stats("space", PI, REF), TypeError, "SequenceSpace"),
     ("exp-table", lambda: dg.expected_log_stats(SPACE, PI[:3], REF), ValueError, "table must have shape"),
     ("exp-unnormalised", lambda: dg.expected_log_stats(SPACE, PI + 1, REF), ValueError, "logsumexp"),
     ("exp-support", lambda: dg.expected_log_stats(
         SPACE, dg.force_token_logprobs(PI, 0), REF, sampler_table=PI), ValueError, "cannot produce"),
-    ("entropy-type", lambda: mon.entropy([0.0]), TypeError, "torch.Tensor"),
     ("top-k-zero", lambda: dg.top_k_logprobs(ROWS, 0), ValueError, "k must be >= 1"),
     ("top-k-float", lambda: dg.top_k_logprobs(ROWS, 2.0), TypeError, "k must be an int"),
     ("top-p-zero", lambda: dg.top_p_logprobs(ROWS, 0.0), ValueError, "p must be a finite number > 0"),
@@ -369,15 +258,6 @@ BAD_INPUTS = [
     ("table-indices", lambda: dg.token_kl_table(SPACE, PI, REF, torch.tensor([27])), ValueError,
      r"lie in \[0, 27\)"),
     ("table-index-type", lambda: dg.token_kl_table(SPACE, PI, REF, [0]), TypeError, "int64"),
-    ("spike-nan", lambda: mon.detect_spikes([1.0, math.nan]), ValueError, "finite"),
-    ("spike-2d", lambda: mon.detect_spikes(np.ones((2, 3))), ValueError, "1-d"),
-    ("spike-window", lambda: mon.detect_spikes(np.ones(5), window=2), ValueError, "window must be >= 3"),
-    ("spike-threshold", lambda: mon.detect_spikes(np.ones(5), threshold=0), ValueError, "threshold"),
-    ("spike-side", lambda: mon.detect_spikes(np.ones(5), side="lower"), ValueError, "side must be one of"),
-    ("spike-centre", lambda: mon.detect_spikes(np.ones(5), centre="mode"), ValueError, "centre must be one"),
-    ("check-shape", lambda: mon.exact_kl_check(LP, LP, LP[:, :2]), ValueError, "position_kl must have the"),
-    ("check-nan", lambda: mon.exact_kl_check(LP, LP, LP.clone().fill_(math.nan)), ValueError,
-     "position_kl contains NaN"),
     ("alarm-space", lambda: dg.gap_false_alarms("space", PI, REF, 8, 2, GEN), TypeError, "SequenceSpace"),
     ("alarm-batch", lambda: dg.gap_false_alarms(SPACE, PI, REF, 1, 2, GEN), ValueError, "batch_size must be"),
     ("alarm-batches", lambda: dg.gap_false_alarms(SPACE, PI, REF, 8, 0, GEN), ValueError, "n_batches must"),
