@@ -305,8 +305,9 @@ def test_printed_lines_fit_the_column(notebook: tuple[str, nbformat.NotebookNode
 
 
 # ---------------------------------------------------------------------------------------------------
-# Exercises (CONTRIBUTING.md, "Adding a section"): at the end of a section, under "## Exercises", at least three,
-# of the three kinds, each marked with its kind and difficulty and followed by its folded solution.
+# Exercises (CONTRIBUTING.md, "Adding a section"): at the end of a section, under "## Exercises", at
+# least three, of the three kinds, each marked with its kind and difficulty and followed by its folded
+# solution.
 
 EXERCISE_DIRECTIVE = re.compile(r"^`{3,}\{exercise\}[^\n]*\n((?::[\w-]+:[^\n]*\n)*)", re.MULTILINE)
 SOLUTION_DIRECTIVE = re.compile(r"^`{3,}\{(solution|solution-start)\}\s+(\S+)\s*\n((?::[\w-]+:[^\n]*\n)*)",

@@ -4,7 +4,6 @@ file records, the tables the page prints from it, and the command line's errors.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import replace
