@@ -1,0 +1,335 @@
+"""Tests of kltutorial.textrlhf (the real-text chapter): the corpus and its split, the word-level tokenizer's
+round trip, the stored model loaded offline, the gold reward, sampling with the KV cache, token_kl against
+a direct computation from both models' logits, the metrics, the configs' checks, and tiny end-to-end runs
+of train_text that collapse without the penalty and not with it."""
+
+from __future__ import annotations
+
+import copy
+import re
+import socket
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from kltutorial import textrlhf as text
+from kltutorial.textrlhf import corpus as corpus_module
+from kltutorial.textrlhf import trainer as trainer_module
+from kltutorial.textrlhf.generation import draw, response_logits
+from kltutorial.textrlhf.tokenizer import (
+    PUNCTUATION,
+    SPECIAL_TOKENS,
+    build_tokenizer,
+    build_vocabulary,
+    words,
+)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture(scope="module")
+def corpus() -> text.Corpus:
+    return text.load_corpus()
+
+
+@pytest.fixture(scope="module")
+def pretrained():
+    return text.load_pretrained()
+
+
+def _perturbed(model, seed: int = 0, scale: float = 0.02):
+    """A copy of ``model``, every weight moved by ``scale`` x N(0, 1): a policy away from the reference."""
+    policy = copy.deepcopy(model)
+    g = _gen(seed)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+    return policy
+
+
+# --- the corpus ------------------------------------------------------------------------------------------
+
+
+def test_the_corpus_is_cleaned_filtered_and_split_once_and_for_all(corpus: text.Corpus) -> None:
+    assert 10_000 < len(corpus.train) < 14_000 and 1_000 < len(corpus.validation) < 1_600
+    assert 0.08 < len(corpus.validation) / (len(corpus.train) + len(corpus.validation)) < 0.12
+    assert set(corpus.dropped) == set(corpus_module.FILTERS) and all(corpus.dropped.values())
+    assert not any(re.search(r"-o$|limerick|zippy", f) for f in corpus.files)
+    everything = corpus.train + corpus.validation
+    keys = [" ".join(re.findall(r"[a-z]+", q.lower())) for q in everything]
+    assert len(set(keys)) == len(keys), "a duplicate survived"
+    for q in everything:
+        assert 20 <= len(q) <= 240 and q.isascii() and re.fullmatch(r"[A-Za-z .,!?;:'\"()`-]+", q), q
+        assert q == " ".join(q.split()), q
+    assert all(corpus_module.is_validation(q) for q in corpus.validation)
+    assert not any(corpus_module.is_validation(q) for q in corpus.train)
+    assert text.load_corpus() is corpus  # cached
+
+
+def test_no_quote_holds_an_off_colour_word(corpus: text.Corpus) -> None:
+    lowered = [q.lower() for q in corpus.train + corpus.validation]
+    assert not any(corpus_module.OFF_COLOUR.search(q) for q in lowered)
+    assert "ass" in corpus_module.BLOCKLIST  # decoded from the source's rot13
+    assert corpus_module.OFF_COLOUR.search("what an ass.") and corpus_module.OFF_COLOUR.search("women are")
+    assert any(re.search(r"\bassist", q) for q in lowered)  # a whole word does not drop the words it starts
+    assert corpus.dropped["off-colour"] > 100
+
+
+@pytest.mark.parametrize("entry, quote", [
+    ("Many hands make light work.\n\t\t-- John Heywood\n", "Many hands make light work."),
+    ("Two\n  lines.\n\t-- A. N. Other,\n\t\tin a book\n", "Two lines."),
+    ("History is a race between education and catastrophe. -H. G. Wells", "History is a race between "
+     "education and catastrophe."),
+    ("Love -- the last of the serious diseases of childhood.", "Love -- the last of the serious diseases "
+     "of childhood."),
+])
+def test_clean_entry_drops_the_attribution_only(entry: str, quote: str) -> None:
+    assert corpus_module.clean_entry(entry) == quote
+
+
+# --- the tokenizer ---------------------------------------------------------------------------------------
+
+
+def test_the_tokenizer_round_trip_is_the_canonical_text(corpus: text.Corpus, pretrained) -> None:
+    _, tok = pretrained
+    for quote in corpus.validation:
+        ids = tok(quote, add_special_tokens=False).input_ids
+        canonical = tok.decode(ids)
+        assert tok(canonical, add_special_tokens=False).input_ids == ids  # decode is encode's inverse
+        if tok.unk_token_id not in ids:
+            assert canonical.split() == _canonical(quote).split(), quote
+    ids = tok("Don't panic -- it's only half-time, Zaphod!").input_ids
+    assert tok.convert_ids_to_tokens(ids) == ["don't", "panic", "it's", "only", "half", "time", "##,",
+                                              "<unk>", "##!"]
+    assert tok.decode(ids) == "don't panic it's only half time, <unk>!"
+    assert tok.decode(ids, skip_special_tokens=True) == "don't panic it's only half time,!"
+
+
+def _canonical(quote: str) -> str:
+    """The canonical form written out in plain Python: lower case, words and attached marks."""
+    s = re.sub(r"[^a-z0-9'.,!?;:]+", " ", quote.lower())
+    s = re.sub(r"(?<![a-z0-9])'|'(?![a-z])", " ", s)
+    s = re.sub(r"\s*([.,!?;:])", r" \1 ", s)
+    s = re.sub(r"\s+([.,!?;:])", r"\1", s)  # a mark attached to the word or mark before, a space after
+    return " ".join(s.split())
+
+
+def test_the_vocabulary_is_the_specials_the_marks_then_words_by_count(corpus, pretrained) -> None:
+    _, tok = pretrained
+    vocab = build_vocabulary(corpus.train)
+    assert tok.convert_ids_to_tokens(list(range(len(tok)))) == list(vocab)
+    assert vocab[:4] == SPECIAL_TOKENS and vocab[4:10] == tuple(f"##{m}" for m in PUNCTUATION)
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, tok.unk_token_id) == (0, 1, 2, 3)
+    assert vocab[10:13] == ("the", "a", "of") or vocab[10] == "the"
+    assert build_vocabulary(["b a, b."], size=1)[-1] == "b"
+    assert words("It's (really) 'fine'; OK?") == ["it's", "really", "fine", "##;", "ok", "##?"]
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="size"):
+            build_vocabulary(["a"], size=bad)
+    with pytest.raises(ValueError, match="start with"):
+        build_tokenizer(["a", "b"])
+
+
+# --- the stored model ------------------------------------------------------------------------------------
+
+
+def test_the_stored_model_loads_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_network(*args, **kwargs):
+        raise AssertionError("load_pretrained tried to open a connection")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    model, tok = text.load_pretrained()
+    assert isinstance(model, transformers.LlamaForCausalLM)
+    assert isinstance(tok, transformers.PreTrainedTokenizerFast)
+    assert model.dtype == torch.float32 and not model.training
+    assert model.config.vocab_size == len(tok) and model.config.tie_word_embeddings
+    n = sum(p.numel() for p in model.parameters())
+    weights = text.PRETRAINED_DIR / "model.safetensors"
+    assert weights.stat().st_size < 10 * 2**20 and 2 * n <= weights.stat().st_size < 2 * n + 2**16  # float16
+    meta = text.pretrained_metadata()
+    assert meta["command"].startswith("python -m kltutorial.textrlhf pretrain")
+    assert {"machine", "date", "validation_perplexity", "corpus", "reference_samples"} <= set(meta)
+    assert meta["parameters"] == n
+    with pytest.raises(FileNotFoundError, match="pretrain"):
+        text.load_pretrained(text.PRETRAINED_DIR / "missing")
+
+
+def test_the_stored_model_has_the_recorded_perplexity_and_writes_corpus_words(corpus, pretrained) -> None:
+    """The numbers pretrain.json records, measured again: the perplexity on the first 300 validation quotes
+    (the whole set is recorded), and what a small sample's words are."""
+    model, tok = pretrained
+    meta = text.pretrained_metadata()
+    assert text.perplexity(model, tok, corpus.validation) == pytest.approx(meta["validation_perplexity"],
+                                                                           abs=1e-3)
+    assert meta["reference_samples"]["corpus_word_share"] >= 0.85
+    assert meta["reference_samples"]["distinct_2"] >= 0.8
+    _, texts = text.evaluate_policy(model, model, tok, n=64, generator=_gen(1))
+    known = text.corpus_ngrams(corpus.train + corpus.validation, 1)
+    assert text.corpus_share(texts, known, 1) >= 0.85 and text.distinct_n(texts, 2) >= 0.8
+
+
+# --- the reward and the metrics --------------------------------------------------------------------------
+
+
+def test_the_gold_reward_is_vaders_compound_score() -> None:
+    r = text.gold_reward(["many hands make light work.", "i love it!", "i hate it.", "", "love " * 24,
+                          "xyzzy love", "love"])
+    assert r.dtype == torch.float64 and r.shape == (7,)
+    assert r[0] == 0 and r[1] > 0.5 and r[2] < -0.5 and r[3] == 0
+    assert r[4] > 0.99 and r[5] == r[6]  # saturates near 1; an unknown word counts for nothing
+    assert text.gold_reward([]).shape == (0,)
+    with pytest.raises(TypeError, match="texts"):
+        text.gold_reward("one text")
+
+
+def test_distinct_n_and_the_corpus_share() -> None:
+    assert text.distinct_n(["a b a b", "a b"], 2) == pytest.approx(2 / 4)
+    assert text.distinct_n(["Love, love!", "love"], 1) == pytest.approx(1 / 3)
+    assert np.isnan(text.distinct_n(["one"], 2))
+    known = text.corpus_ngrams(["The cat sat.", "A dog"], 1)
+    assert text.corpus_share(["the dog <unk>"], known, 1) == pytest.approx(2 / 3)  # <unk> is no corpus word
+    with pytest.raises(ValueError, match="n must"):
+        text.distinct_n(["a"], 0)
+
+
+# --- sampling and token_kl -------------------------------------------------------------------------------
+
+
+def test_draw_samples_the_softmax() -> None:
+    logits = torch.tensor([[0.0, 1.0, 2.0, -torch.inf, 0.5]]).expand(40_000, 5)
+    y = draw(logits, _gen(0))
+    freq = torch.bincount(y, minlength=5).double() / len(y)
+    p = torch.softmax(logits[0].double(), -1)
+    assert freq[3] == 0
+    assert torch.all((freq - p).abs() < 4 * torch.sqrt(p * (1 - p) / len(y)) + 1e-12)
+
+
+def test_sampling_with_the_cache_draws_what_full_forward_passes_draw(pretrained) -> None:
+    model, tok = pretrained
+    r = text.sample_responses(model, tok, 16, 12, generator=_gen(3))
+    T = r.tokens.shape[1]
+    assert r.mask[:, 0].all() and (r.mask[:, 1:] <= r.mask[:, :-1]).all()  # a prefix of each row
+    eos = r.tokens == tok.eos_token_id
+    assert ((eos & r.mask).sum(-1) <= 1).all() and (r.tokens[~r.mask] == tok.pad_token_id).all()
+    assert torch.equal(r.mask.sum(-1) - 1 == torch.arange(T).expand(16, T).masked_fill(~eos, -1).amax(-1),
+                       eos.any(-1)) or not eos.any()  # the end token is the last action where it occurs
+    # the same generator, every step a full forward pass over the prefix: the same tokens
+    g, prefix = _gen(3), torch.full((16, 1), tok.bos_token_id)
+    with torch.no_grad():
+        for _ in range(T):
+            y = draw(model(input_ids=prefix).logits[:, -1], g)
+            prefix = torch.cat([prefix, y[:, None]], dim=1)
+    assert torch.equal(prefix[:, 1:][r.mask], r.tokens[r.mask])
+    again = text.sample_responses(model, tok, 16, 12, generator=_gen(3))
+    assert torch.equal(again.tokens, r.tokens)
+
+
+def test_token_kl_equals_a_direct_computation_from_the_logits(pretrained) -> None:
+    model, tok = pretrained
+    policy = _perturbed(model)
+    texts = ["Many hands make light work.", "I love it, truly!", "zork"]
+    got = text.token_kl(policy, model, tok, texts)
+    for t, r in zip(texts, got, strict=True):
+        ids = [tok.bos_token_id, *tok(t, add_special_tokens=False).input_ids, tok.eos_token_id]
+        with torch.no_grad():  # one text at a time, no padding; logits in float64
+            lp = torch.log_softmax(policy(input_ids=torch.tensor([ids])).logits[0, :-1].double(), -1)
+            lq = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1].double(), -1)
+        direct = (lp.exp() * (lp - lq)).sum(-1).numpy()
+        assert r.tokens == tuple(tok.convert_ids_to_tokens(ids[1:]))
+        np.testing.assert_allclose(r.kl, direct, rtol=1e-4, atol=1e-6)
+        assert r.total == pytest.approx(direct.sum(), rel=1e-4)
+    assert got[0].tokens[-1] == "</s>" and (got[0].kl > 0).all()
+    assert text.token_kl(policy, model, tok, texts, end=False)[0].tokens[-1] == "##."
+    assert all((r.kl == 0).all() for r in text.token_kl(model, model, tok, texts))
+    with pytest.raises(TypeError, match="texts"):
+        text.token_kl(policy, model, tok, "one text")
+    with pytest.raises(TypeError, match="reference"):
+        text.token_kl(policy, "model", tok, texts)
+
+
+def test_response_logits_are_those_each_token_was_drawn_from(pretrained) -> None:
+    model, tok = pretrained
+    tokens = torch.tensor([[5 + 10, 20, tok.eos_token_id, 0]])
+    with torch.no_grad():
+        full = model(input_ids=torch.tensor([[tok.bos_token_id, 15, 20, tok.eos_token_id]])).logits
+        assert torch.allclose(response_logits(model, tok.bos_token_id, tokens)[0, :3], full[0, :3], atol=1e-5)
+
+
+# --- the trainer -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"beta": -0.1}, ValueError, "beta"),
+    ({"beta": float("nan")}, ValueError, "beta"),
+    ({"steps": 0}, ValueError, "steps"),
+    ({"steps": 2.0}, TypeError, "steps"),
+    ({"batch_size": 1}, ValueError, "batch_size"),
+    ({"lr": 0.0}, ValueError, "lr"),
+    ({"max_new_tokens": 65}, ValueError, "max_new_tokens"),
+    ({"max_grad_norm": 0}, ValueError, "max_grad_norm"),
+])
+def test_text_train_config_rejects_bad_fields(kwargs: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        text.TextTrainConfig(**kwargs)
+
+
+def test_train_text_rejects_bad_arguments(pretrained) -> None:
+    model, tok = pretrained
+    config = text.TextTrainConfig(steps=1, batch_size=2)
+    with pytest.raises(ValueError, match="reward must be 'gold'.*proxy arrives with the chapter"):
+        text.train_text(model, tok, config, reward="proxy", generator=_gen())
+    with pytest.raises(TypeError, match="config"):
+        text.train_text(model, tok, {"beta": 0.1}, generator=_gen())
+    with pytest.raises(TypeError, match="generator"):
+        text.train_text(model, tok, config, generator=0)
+    with pytest.raises(TypeError, match="tokenizer"):
+        text.train_text(model, None, config, generator=_gen())
+
+
+def test_train_text_records_every_step_through_the_librarys_objective(pretrained, monkeypatch) -> None:
+    model, tok = pretrained
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    calls = []
+    library = trainer_module.compute_rlhf_objective
+
+    def spy(*args, **kwargs):
+        calls.append((args[5], kwargs["estimator"]))
+        return library(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "compute_rlhf_objective", spy)
+    config = text.TextTrainConfig(beta=0.1, steps=3, batch_size=8, max_new_tokens=6)
+    run = text.train_text(model, tok, config, generator=_gen(0))
+    assert calls == [(0.1, "k1")] * 4
+    for f in trainer_module.FIELDS:
+        assert getattr(run, f).shape == (4,)
+    assert run.kl[0] == 0 and run.k1[0] == 0 and run.k3[0] == 0 and run.kl[-1] > 0
+    assert len(run.samples) == 8 and all(isinstance(s, str) for s in run.samples)
+    assert (run.length <= 6).all()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # the reference is untouched
+    assert all(p.requires_grad for p in model.parameters())
+    again = text.train_text(model, tok, config, generator=_gen(0))
+    assert np.array_equal(again.kl, run.kl) and again.samples == run.samples  # one thread: bit-identical
+
+
+def test_without_the_penalty_the_policy_collapses_and_with_it_does_not(pretrained) -> None:
+    """A tiny budget, the book's run shrunk 30 times (24 steps of 16 responses of at most 8 tokens, at
+    three times the learning rate): without the penalty the policy collapses onto a few positive words,
+    its gold near 1, its KL over 30 nats, its distinct-2 low; with β = 0.5 it stays as varied as the base
+    model, its KL a fraction of that, its gold hardly moved. (At this learning rate and batch size the
+    sampling noise alone drifts the policy some nats away, which the penalty pulls back only slowly: the
+    penalised KL is not 0.) Measured over the last 4 batches; the same holds for seeds 1 and 2."""
+    model, tok = pretrained
+    configs = {beta: text.TextTrainConfig(beta=beta, steps=24, batch_size=16, lr=3e-3, max_new_tokens=8)
+               for beta in (0.0, 0.5)}
+    runs = {beta: text.train_text(model, tok, c, generator=_gen(0)) for beta, c in configs.items()}
+    free, penalised = runs[0.0].final(last=4), runs[0.5].final(last=4)
+    assert free.distinct_2 < 0.2 and free.kl > 30 and free.gold > 0.9
+    assert penalised.distinct_2 > 0.85 and penalised.kl < free.kl / 3 and penalised.gold < 0.5
+    assert runs[0.0].distinct_2[0] > 0.85 and runs[0.0].kl[0] == 0  # the base model's batch
