@@ -13,7 +13,8 @@ The pipeline, all of it inside a ``tokenizers`` object (so that ``transformers``
    ``. , ! ? ; :`` becomes a space (quotes, brackets and hyphens go: "half-lives" is two words); an
    apostrophe survives only inside a word ("don't"); each punctuation mark becomes the token ``##.``,
    ``##,``, ... with spaces around it;
-2. **split** on whitespace; 3. **look up** each piece in the vocabulary (``<unk>`` if absent);
+2. **split** on whitespace;
+3. **look up** each piece in the vocabulary (``<unk>`` if absent);
 4. **decode** with the WordPiece decoder: tokens joined by spaces, a ``##`` token glued to the one before,
    so punctuation attaches to its word ("hello, world.").
 
