@@ -12,7 +12,9 @@ from hypothesis.extra import numpy as hnp
 from kltutorial.logprobs import (
     chunk_rows,
     exact_kl,
+    exact_kl_unchecked,
     get_logprobs_for_tokens,
+    logprobs_for_tokens_unchecked,
     naive_exact_kl,
     naive_logprobs_for_tokens,
 )
@@ -124,6 +126,9 @@ def test_mixed_dtypes_are_computed_in_the_wider_one():
     assert out.dtype == torch.float64
     np.testing.assert_allclose(out.numpy(), ref_kl(z, w), rtol=1e-12, atol=1e-12)
     assert exact_kl(z, w.float()).dtype == torch.float32
+    other_way = exact_kl(w, z, chunk_size=3)  # float64 policy, bfloat16 reference: float64 too
+    assert other_way.dtype == torch.float64
+    np.testing.assert_allclose(other_way.numpy(), ref_kl(w, z), rtol=1e-12, atol=1e-12)
 
 
 def test_non_contiguous_logits_are_handled_without_flattening():
@@ -145,10 +150,13 @@ def test_logprobs_are_normalised():
 
 
 def test_chunk_rows():
-    assert chunk_rows(32_000) >= 1 and chunk_rows(10**9) == 1
+    # CHUNK_BYTES = 2 MiB of float32 work: 2**21 / (4 V) rows
+    assert (chunk_rows(32_000), chunk_rows(128_256), chunk_rows(2**19), chunk_rows(10**9)) == (16, 4, 1, 1)
     assert chunk_rows(100, chunk_size=7) == 7
-    with pytest.raises(ValueError, match="chunk_size"):
+    with pytest.raises(ValueError, match="^chunk_size must be >= 1, got 0$"):
         chunk_rows(100, chunk_size=0)
+    with pytest.raises(ValueError, match="^vocab_size must be >= 1, got 0$"):
+        chunk_rows(0)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -395,7 +403,7 @@ def test_non_contiguous_logits_of_four_dimensions():
     torch.testing.assert_close(ours[0], ref)
 
 
-@pytest.mark.parametrize("temperature", [0.3, 0.7, 1.0, 2.5])
+@pytest.mark.parametrize("temperature", [0.3, 0.7, 1.0, 2.0, 2.5])
 @pytest.mark.parametrize("dtype,tol", DTYPES)
 def test_temperature_divides_the_logits(temperature, dtype, tol):
     # against log_softmax(z / tau) of the same (rounded) logits in float64
@@ -406,6 +414,11 @@ def test_temperature_divides_the_logits(temperature, dtype, tol):
     np.testing.assert_allclose(lp.double().numpy(), ref_logprobs(z, tokens, temperature), rtol=tol, atol=tol)
     kl = exact_kl(z, w, temperature=temperature, chunk_size=4)
     np.testing.assert_allclose(kl.double().numpy(), ref_kl(z, w, temperature), rtol=tol, atol=tol)
+    if dtype == torch.float64:  # the baselines, in the logits' own dtype
+        np.testing.assert_allclose(naive_logprobs_for_tokens(z, tokens, temperature=temperature).numpy(),
+                                   ref_logprobs(z, tokens, temperature), rtol=tol, atol=tol)
+        np.testing.assert_allclose(naive_exact_kl(z, w, temperature=temperature).numpy(),
+                                   ref_kl(z, w, temperature), rtol=tol, atol=tol)
 
 
 def test_temperature_is_the_float32_division_of_the_libraries():
@@ -523,9 +536,112 @@ def test_positions_are_named_for_any_leading_shape():
 
 def test_temperature_that_overflows_the_logits_raises():
     z = torch.tensor([[3e38, 0.0, 1.0]])
-    with pytest.raises(ValueError, match=r"logits / temperature overflows at position \[0\]"):
+    with pytest.raises(ValueError, match=r"^logits / temperature overflows at position \[0\] "
+                                         r"\(temperature=0.5\); use a larger temperature or smaller logits$"):
         get_logprobs_for_tokens(z, torch.tensor([1]), temperature=0.5)
+    zeros = torch.zeros(1, 3)
+    for args, name in (((z, zeros), "policy_logits"), ((zeros, z), "reference_logits")):
+        with pytest.raises(ValueError, match=rf"^{name} / temperature overflows at position \[0\] "
+                                             r"\(temperature=0.25\)"):
+            exact_kl(*args, temperature=0.25)
     assert torch.isfinite(get_logprobs_for_tokens(z.double(), torch.tensor([1]), temperature=0.5)).all()
+
+
+# ----------------------------------------------------------------------------------------------------
+# One chunk holding every kind of row; the unchecked entry points; one call and no allocation per chunk
+
+
+def test_nan_and_infinite_rows_in_one_chunk():
+    # one chunk: a plain row; two rows with a token impossible under both models, where the fast product
+    # p (log p - log q) is 0 * NaN and the KL finite; a row whose token 1 is possible under pi with a
+    # probability that underflows to 0 while pi_ref rules it out, where the product is 0 * inf = NaN and
+    # the KL +inf; and one where the product is inf itself
+    z = torch.tensor([[0.0, 1.0, 2.0], [0.0, NEG_INF, 1.0], [1e4, -1e4, 0.0], [1.0, NEG_INF, 0.0],
+                      [0.0, 1.0, 2.0]], dtype=torch.float64)
+    w = torch.tensor([[1.0, 0.0, 0.0], [0.5, NEG_INF, 0.0], [0.0, NEG_INF, 0.0], [0.0, NEG_INF, 2.0],
+                      [0.0, NEG_INF, 2.0]], dtype=torch.float64)
+    kl = exact_kl(z, w)  # (N,) = (5,), one chunk
+    assert torch.isposinf(kl[[2, 4]]).all() and torch.isfinite(kl[[0, 1, 3]]).all()
+    np.testing.assert_allclose(kl.numpy(), ref_kl(z, w), rtol=1e-14)
+    # p = (1/(1+e), e/(1+e)) on the possible tokens, q likewise from 0.5 and 0: KL by hand for row 1
+    p, q = torch.softmax(torch.tensor([0.0, 1.0], dtype=torch.float64), 0), torch.softmax(
+        torch.tensor([0.5, 0.0], dtype=torch.float64), 0)
+    assert kl[1].item() == pytest.approx(float((p * (p.log() - q.log())).sum()), rel=1e-14)
+    assert torch.equal(exact_kl(z, w, chunk_size=1), kl)  # the same, one row per chunk
+
+
+def test_the_unchecked_entry_points_equal_the_checked_ones():
+    z = random_logits((3, 5, 40), torch.float64, seed=21).requires_grad_()
+    w = random_logits((3, 5, 40), torch.float64, seed=22)
+    tokens = random_tokens((3, 5), 40, seed=21)
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [0, 1, 1, 1, 0]]).bool()
+    for chunk in (None, 2):
+        lp = logprobs_for_tokens_unchecked(z, tokens, chunk)
+        want = get_logprobs_for_tokens(z, tokens, chunk_size=chunk)
+        assert lp.shape == (3, 5) and torch.equal(lp, want)
+        assert torch.equal(torch.autograd.grad(lp.sum(), z)[0], torch.autograd.grad(want.sum(), z)[0])
+        assert torch.equal(exact_kl_unchecked(z, w, mask, chunk), exact_kl(z, w, mask, chunk_size=chunk))
+    assert torch.equal(exact_kl_unchecked(z, w, None), exact_kl(z, w))  # temperature 1 by default
+    assert torch.equal(exact_kl_unchecked(z, w, None, temperature=0.5), exact_kl(z, w, temperature=0.5))
+
+
+def _calls_and_bytes(fn) -> tuple[dict[str, int], int]:
+    """How many times each operator ran while ``fn`` ran, and the bytes all its allocations took."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    calls: dict[str, int] = {}
+    for e in prof.events():
+        calls[e.name] = calls.get(e.name, 0) + 1
+    return calls, sum(e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_library_call_and_no_allocation_per_chunk(temperature, dtype):
+    # 60 positions of V = 400 in chunks of 7 rows: 9 chunks, each one log_softmax call (two for exact KL:
+    # log p and log q) written into the reused buffers; one row per chunk allocates no more in total than
+    # the buffers, the output and a few bytes of bookkeeping per chunk, far less than a row per chunk
+    z, w = random_logits((6, 10, 400), dtype, seed=23), random_logits((6, 10, 400), dtype, seed=24)
+    tokens = random_tokens((6, 10), 400, seed=23)
+    row = 400 * 4  # bytes of one float32 row
+    calls, _ = _calls_and_bytes(lambda: get_logprobs_for_tokens(z, tokens, temperature=temperature,
+                                                                chunk_size=7))
+    assert calls["aten::log_softmax"] == 9 and calls["aten::gather"] == 9
+    calls, _ = _calls_and_bytes(lambda: exact_kl(z, w, temperature=temperature, chunk_size=7))
+    assert calls["aten::log_softmax"] == 18 and calls["aten::softmax"] == 9 and calls["aten::sum"] == 9
+    _, allocated = _calls_and_bytes(lambda: get_logprobs_for_tokens(z, tokens, temperature=temperature,
+                                                                    chunk_size=1))
+    assert allocated < 8 * row  # one buffer row and the (60,) output, not 60 rows
+    _, allocated = _calls_and_bytes(lambda: exact_kl(z, w, temperature=temperature, chunk_size=1))
+    assert allocated < 12 * row  # four buffer rows, the output and the probes, not 60 rows
+    # a view that cannot be flattened is walked one sequence at a time: 6 sequences of 2 chunks
+    calls, _ = _calls_and_bytes(lambda: exact_kl(z[:, :-1], w[:, :-1], chunk_size=7))
+    assert calls["aten::log_softmax"] == 2 * 12
+    calls, _ = _calls_and_bytes(lambda: logprobs_for_tokens_unchecked(z, tokens, 7))
+    assert calls["aten::log_softmax"] == 9
+
+
+def test_a_float32_chunk_at_temperature_one_is_read_where_it_lies():
+    # no division at temperature 1; a half-precision chunk is copied to float32 once per model and chunk,
+    # a float32 one not at all (the other copies, the probes of bad rows, are the same for both)
+    tokens = random_tokens((6, 10), 400, seed=25)
+    copies = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        z, w = random_logits((6, 10, 400), dtype, seed=25), random_logits((6, 10, 400), dtype, seed=26)
+        lp, _ = _calls_and_bytes(lambda z=z: get_logprobs_for_tokens(z, tokens, chunk_size=7))
+        kl, _ = _calls_and_bytes(lambda z=z, w=w: exact_kl(z, w, chunk_size=7))
+        for calls in (lp, kl):
+            assert "aten::div" not in calls and "aten::div_" not in calls
+        copies[dtype] = lp.get("aten::copy_", 0), kl.get("aten::copy_", 0)
+    assert copies[torch.float32][0] == 0
+    assert copies[torch.bfloat16][0] - copies[torch.float32][0] == 9  # 9 chunks
+    assert copies[torch.bfloat16][1] - copies[torch.float32][1] == 2 * 9
+    # and at another temperature a float32 chunk is divided as `logits / temperature` is: the same bits
+    z, w = random_logits((3, 9, 500), seed=27), random_logits((3, 9, 500), seed=28)
+    scaled = exact_kl(z / 0.6, w / 0.6, chunk_size=4)
+    assert torch.equal(exact_kl(z, w, temperature=0.6, chunk_size=4), scaled)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -546,7 +662,8 @@ def _with(value, index=(0, 1, 2)):
 
 BAD_INPUTS = [
     # get_logprobs_for_tokens
-    ("lp-logits-not-tensor", lambda: _lp(L.numpy(), TOK), TypeError, "logits"),
+    ("lp-logits-not-tensor", lambda: _lp(L.numpy(), TOK), TypeError,
+     "^logits must be a torch.Tensor, got ndarray$"),
     ("lp-logits-int", lambda: _lp(L.long(), TOK), TypeError, "logits"),
     ("lp-logits-0d", lambda: _lp(torch.tensor(1.0), TOK), ValueError, "logits must have at least 1"),
     ("lp-tokens-rank-4-logits", lambda: _lp(L[None], TOK), ValueError, r"tokens must have shape \(1, 2, 3\)"),
@@ -573,19 +690,24 @@ BAD_INPUTS = [
     ("lp-tokens-negative", lambda: _lp(L, TOK - 5), ValueError, "tokens"),
     ("lp-chunk-zero", lambda: _lp(L, TOK, chunk_size=0), ValueError, "chunk_size"),
     ("lp-chunk-float", lambda: _lp(L, TOK, chunk_size=2.0), TypeError, "chunk_size"),
-    ("naive-lp-tokens", lambda: naive_logprobs_for_tokens(L, TOK + 5), ValueError, "tokens"),
+    ("naive-lp-tokens", lambda: naive_logprobs_for_tokens(L, TOK + 5), ValueError,
+     r"^tokens must lie in \[0, 5\)"),
     ("naive-lp-temperature", lambda: naive_logprobs_for_tokens(L, TOK, temperature=0), ValueError,
-     "temperature"),
+     "^temperature must be a finite number > 0, got 0"),
+    ("naive-lp-logits", lambda: naive_logprobs_for_tokens(L.long(), TOK), TypeError,
+     "^logits must be a floating-point tensor, got dtype torch.int64$"),
     # exact_kl
-    ("kl-policy-not-tensor", lambda: _kl(L.numpy(), L), TypeError, "policy_logits"),
-    ("kl-reference-int", lambda: _kl(L, L.long()), TypeError, "reference_logits"),
+    ("kl-policy-not-tensor", lambda: _kl(L.numpy(), L), TypeError, "^policy_logits must be a torch.Tensor"),
+    ("kl-reference-int", lambda: _kl(L, L.long()), TypeError, "^reference_logits must be a floating-point"),
     ("kl-0d", lambda: _kl(torch.tensor(1.0), torch.tensor(1.0)), ValueError, "policy_logits"),
     ("kl-rank-mismatch", lambda: _kl(L[0], L), ValueError, "reference_logits"),
-    ("kl-temperature-zero", lambda: _kl(L, L, temperature=0), ValueError, "temperature"),
+    ("kl-temperature-zero", lambda: _kl(L, L, temperature=0), ValueError,
+     "^temperature must be a finite number > 0, got 0"),
     ("kl-temperature-tensor", lambda: _kl(L, L, temperature=torch.ones(2)), TypeError, "temperature"),
     ("kl-mask-2d-logits", lambda: _kl(L[0], L[0], MASK), ValueError,
      r"attention_mask must have shape \(3,\)"),
-    ("kl-shape-mismatch", lambda: _kl(L, L[:, :, :4]), ValueError, "reference_logits"),
+    ("kl-shape-mismatch", lambda: _kl(L, L[:, :, :4]), ValueError,
+     r"^policy_logits and reference_logits must have the same shape, got \(2, 3, 5\) and \(2, 3, 4\)$"),
     ("kl-shape-mismatch-T", lambda: _kl(L, L[:, :2]), ValueError, "reference_logits"),
     ("kl-empty", lambda: _kl(L[:0], L[:0]), ValueError, "empty"),
     ("kl-policy-nan", lambda: _kl(_with(float("nan")), L), ValueError, "policy_logits contains NaN"),
@@ -598,7 +720,15 @@ BAD_INPUTS = [
     ("kl-mask-values", lambda: _kl(L, L, MASK * 2), ValueError, "attention_mask"),
     ("kl-mask-fraction", lambda: _kl(L, L, MASK * 0.5), ValueError, "attention_mask"),
     ("kl-chunk-negative", lambda: _kl(L, L, chunk_size=-1), ValueError, "chunk_size"),
-    ("naive-kl-shape", lambda: naive_exact_kl(L, L[:, :2]), ValueError, "reference_logits"),
+    ("naive-kl-shape", lambda: naive_exact_kl(L, L[:, :2]), ValueError,
+     "^policy_logits and reference_logits must have the same shape"),
+    ("naive-kl-policy", lambda: naive_exact_kl(L.long(), L), TypeError, "^policy_logits must be a floating"),
+    ("naive-kl-reference", lambda: naive_exact_kl(L, L.long()), TypeError,
+     "^reference_logits must be a floating"),
+    ("naive-kl-temperature", lambda: naive_exact_kl(L, L, temperature=-1.0), ValueError,
+     "^temperature must be a finite number > 0"),
+    ("naive-kl-mask", lambda: naive_exact_kl(L, L, MASK[:, :2]), ValueError,
+     r"^attention_mask must have shape \(2, 3\)"),
 ]
 
 
