@@ -6,7 +6,8 @@ is the lexicon's sum squashed into (-1, 1). Why this scorer: it ships in a small
 weights, runs in about 0.1 ms a text on one CPU thread, is deterministic, and its flaws are the point of
 the experiment: it saturates near 1 (a few strongly positive words are as good as a sentence), ignores
 words it does not know and never judges fluency, so a policy that maximises it without a penalty writes
-"love love love ...". The corpus's quotes score about 0.1 on average.
+"love love love ...". The corpus's quotes score 0.05 on average (its validation quotes), the base
+model's samples 0.06.
 """
 
 from __future__ import annotations
