@@ -38,6 +38,11 @@ finite sum (§3, §5, §11); the per-token fixed points of each recipe (§9); ex
 ``toyrlhf``           a real RLHF run on an enumerable output space, its    9, 11
                       recipes (PPO, RLOO, GRPO variants) and a transformer
                       policy (``python -m kltutorial.toyrlhf``)
+``textrlhf``          a small language model on real English (quotes from   -
+                      installed packages), VADER's gold reward, REINFORCE
+                      with k1 in the reward, the per-word KL
+                      (``python -m kltutorial.textrlhf``); its chapter is
+                      to come
 ``plotting``          the book's figures: one style module, one module      all
                       per family of figures
 ``book``              source listings; ``glue``/``glued``: prose numbers    all
