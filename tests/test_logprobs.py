@@ -623,6 +623,16 @@ def test_one_library_call_and_no_allocation_per_chunk(temperature, dtype):
     assert calls["aten::log_softmax"] == 9
 
 
+def test_the_default_chunk_is_chunk_bytes_of_float32_rows():
+    # V = 2**17: 2 MiB / (4 V) = 4 positions per chunk, so the (2, 4) positions take two chunks
+    z = torch.zeros(2, 4, 2**17)
+    tokens = torch.zeros(2, 4, dtype=torch.long)
+    for fn in (lambda: get_logprobs_for_tokens(z, tokens), lambda: logprobs_for_tokens_unchecked(z, tokens),
+               lambda: exact_kl(z, z)):
+        calls, _ = _calls_and_bytes(fn)
+        assert calls["aten::softmax" if "aten::softmax" in calls else "aten::log_softmax"] == 2
+
+
 def test_a_float32_chunk_at_temperature_one_is_read_where_it_lies():
     # no division at temperature 1; a half-precision chunk is copied to float32 once per model and chunk,
     # a float32 one not at all (the other copies, the probes of bad rows, are the same for both)
