@@ -273,14 +273,16 @@ def group_advantage_curve(
 
     with :math:`a(x; n)` the advantage of :math:`x` in the group whose others are :math:`n_k` copies of each
     :math:`v_k`: a polynomial in :math:`p`. ``method="exact"`` sums it over all :math:`\binom{K + G - 2}{G -
-    1}` multisets, ``"auto"`` does so when :math:`K\binom{K + G - 2}{G - 1} \le` :data:`GROUP_EXACT_CELLS`
-    (on the book's task, K = 792: G = 2 only; on a space of 9 sequences: every G up to 16).
+    1}` multisets, ``"auto"`` does so when :math:`K\binom{K + G - 2}{G - 1} \le`
+    :data:`~kltutorial.toyrlhf.recipes.fixed_points.GROUP_EXACT_CELLS` (on the book's task, K = 792:
+    G = 2 only; on a space of 9 sequences: every G up to 16).
 
     Otherwise (``"quadrature"``) a quasi-Monte Carlo average over ``draws`` groups that is continuous in
-    :math:`\pi`, so that the self-consistent fixed point of :func:`loss_fixed_point_table` exists and its
-    iteration settles. A member is drawn by the inverse CDF, :math:`s(u) = v_k` for :math:`u \in [c_{k-1},
-    c_k)`, :math:`c_k = p_1 + \dots + p_k`, at scrambled Sobol points :math:`u \in [0, 1)^{G-1}` (``seed``;
-    the same at every call). Such draws jump from one score to the next when a boundary :math:`c_k` crosses a
+    :math:`\pi`, so that the self-consistent fixed point of
+    :func:`~kltutorial.toyrlhf.recipes.fixed_points.loss_fixed_point_table` exists and its iteration
+    settles. A member is drawn by the inverse CDF, :math:`s(u) = v_k` for :math:`u \in [c_{k-1}, c_k)`,
+    :math:`c_k = p_1 + \dots + p_k`, at scrambled Sobol points :math:`u \in [0, 1)^{G-1}` (``seed``; the
+    same at every call). Such draws jump from one score to the next when a boundary :math:`c_k` crosses a
     point, which made the Monte Carlo curve this package used before piecewise constant in :math:`\pi`, and
     its fixed-point iteration cycle on 9 to 13 of the 40 settings of the book's task (by the machine's
     rounding). Here each member is the
