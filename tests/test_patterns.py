@@ -35,6 +35,6 @@ def test_token_patterns_are_seeded():
     ],
 )
 def test_bad_input(kwargs, exc, name):
-    kwargs.setdefault("rng", np.random.default_rng(0))
+    kwargs = {"rng": np.random.default_rng(0), **kwargs}  # a copy: the parameters are shared by every run
     with pytest.raises(exc, match=name):
         illustrative_token_kl_patterns(**kwargs)

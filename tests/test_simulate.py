@@ -278,7 +278,7 @@ def test_vectorised_over_initial_betas_matches_separate_runs():
     ],
 )
 def test_trajectory_validation(kwargs, exc, name):
-    kwargs.setdefault("rng", np.random.default_rng(0))
+    kwargs = {"rng": np.random.default_rng(0), **kwargs}  # a copy: the parameters are shared by every run
     with pytest.raises(exc, match=name):
         simulate_training_trajectory(**kwargs)
 
