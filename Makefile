@@ -229,7 +229,7 @@ clean:
 # estimators, controllers, objective and logprobs, one small change per mutant, runs the module's own
 # test files on each mutant and prints a table of mutants, killed, survived and score, then the
 # survivors with their changed lines (tools/mutation.py; CONTRIBUTING.md, "Mutation testing", lists the
-# known equivalent ones). About 25 minutes on 2 cores; MUTATION_ARGS picks modules and options, e.g.
+# known equivalent ones). About 13 minutes on 2 cores; MUTATION_ARGS picks modules and options, e.g.
 # `make mutation MUTATION_ARGS="estimators --jobs 2"` or MUTATION_ARGS=logprobs.hidden.
 MUTMUT_VERSION := 3.8.1
 MUTATION_ARGS ?=

@@ -25,7 +25,7 @@ tools, and a ``pyproject.toml`` that is the repository's with the module's table
 afresh (mutmut's cache would not notice an edited test). In that directory afterwards,
 ``../../../.venv/bin/mutmut show NAME`` prints one mutant's diff and ``mutmut browse`` browses them.
 
-The default modules (:data:`DEFAULT`) take about 25 minutes on two busy cores, one mutant at a time
+The default modules (:data:`DEFAULT`) take about 13 minutes on two busy cores, one mutant at a time
 (``--jobs N`` runs N at once); ``logprobs.hidden``, the log-probs from the hidden states with its
 vocabulary split across processes, is run only when named. ``--report`` prints the table of the last
 run again without running anything.
