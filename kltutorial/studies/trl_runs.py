@@ -37,11 +37,11 @@ import torch
 
 from .. import exact as ex
 from ..integrations import trl as kt
-from ..toyrlhf import TaskConfig, make_task
 from ..toyrlhf.recipes import with_reference
 from ..toyrlhf.task import ToyTask
+from .toy_runs import book_task
 
-__all__ = ["TRLRun", "RUNS", "book_task", "distilled_model", "make_args", "run", "run_all", "read_results",
+__all__ = ["TRLRun", "RUNS", "distilled_model", "make_args", "run", "run_all", "read_results",
            "summary", "label", "CANDIDATES", "format_table", "format_outcomes", "precision_effect",
            "measure_candidates", "write_results", "remeasure", "main"]
 
@@ -78,13 +78,6 @@ RUNS: tuple[TRLRun, ...] = (
     TRLRun("grpo-default-two-iterations", "grpo", 0.04, True, "group", iterations=2),
     TRLRun("rloo-default", "rloo", 0.05),
 )
-
-
-def book_task() -> ToyTask:
-    """The toy task of book section 11 (its default configuration and seeds)."""
-    config = TaskConfig()
-    return make_task(config, rng=np.random.default_rng(0),
-                     data_rng=np.random.default_rng([0, config.n_pairs, 0]))
 
 
 def distilled_model(task: ToyTask, directory: str | Path, *, steps: int = 60, lr: float = 1e-2,
