@@ -35,7 +35,7 @@ export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export KLTUTORIAL_HTML_DIR := $(CURDIR)/$(HTML)
 
-.PHONY: help venv book book-executed test lint unit-tests nbval nbval-native nbval-second-kernels book-verified html-check \
+.PHONY: help venv book book-executed test lint unit-tests nbval nbval-native nbval-second-kernels book-verified html-check lab-check \
 	chromium notebooks lab clean pdf pdf-check pdf-tests mutation
 
 help:
@@ -45,10 +45,12 @@ help:
 # Environment: rebuilt only when requirements.txt or pyproject.toml change.
 venv: $(STAMP)
 
+# --no-compile: pip would byte-compile every module of every package (a minute on 2 cores); Python
+# compiles the modules a run imports, once, as it first imports them.
 $(STAMP): requirements.txt pyproject.toml
 	@test -n "$(PYTHON)" || { echo "error: python3.11 (or python3) not found" >&2; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-compile -r requirements.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name kltutorial \
 		--display-name "Python 3 (kltutorial)" >/dev/null
@@ -83,13 +85,15 @@ book-executed: $(STAMP)
 # ---------------------------------------------------------------------------
 # Tests. Each step is its own pytest run: the unit tests never execute notebooks,
 # nbval never collects tests/*.py, and the browser check runs after the build.
-# The environment and Chromium install side by side (pip and apt: downloads, mostly).
+# The environment and Chromium install side by side (pip and apt: downloads, mostly); the strict
+# build (one process) runs beside the JupyterLab check, which needs no HTML, and the browser checks
+# beside the PDF, so that both cores stay busy.
 test:
 	$(MAKE) --no-print-directory -j2 --output-sync=target venv chromium
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory unit-tests
 	$(MAKE) --no-print-directory nbval
-	$(MAKE) --no-print-directory book-verified
+	$(MAKE) --no-print-directory -j2 --output-sync=target book-verified lab-check
 	$(MAKE) --no-print-directory -j2 --output-sync=target html-check pdf
 	$(MAKE) --no-print-directory pdf-tests
 
@@ -143,11 +147,17 @@ book-verified: $(STAMP)
 # Read the built book as readers do, in headless Chromium, offline, at desktop and phone
 # width (tests/test_book_html.py: errors, requests, MathJax, wide content, images and
 # figures, links, the ☰ button, the download menu, dark mode, search; screenshots in
-# $(BUILD)/screenshots), and open a MyST notebook in the venv's JupyterLab and run it
-# (tests/test_jupyterlab.py); the notebooks bundle, one chapter of it executed from the unpacked zip,
-# and the status page (tests/test_book_downloads.py). The PDF's checks run in pdf-check.
+# $(BUILD)/screenshots); the notebooks bundle, one chapter of it executed from the unpacked zip,
+# and the status page (tests/test_book_downloads.py). JupyterLab is lab-check's, the PDF's checks
+# pdf-check's.
 html-check: $(STAMP) chromium
-	$(call pytest_strict,tests -m "book and not pdf" --durations=12)
+	$(call pytest_strict,tests -m "book and not pdf" --ignore=tests/test_jupyterlab.py --durations=12)
+
+# Open a MyST notebook in the venv's JupyterLab, in Debian's Chromium, and run it; then every chapter
+# of book/ there, its {eval} numbers and figures shown (tests/test_jupyterlab.py). It reads the
+# notebooks, not the HTML, so make test runs it beside the strict build.
+lab-check: $(STAMP) chromium
+	$(call pytest_strict,tests/test_jupyterlab.py -m book --durations=4)
 
 # The whole book as one PDF, from the doctrees of the strict build (make test's; on a fresh checkout
 # book-verified runs first), executing nothing: Sphinx's singlehtml builder writes the book as one

@@ -459,10 +459,13 @@ def test_command_line_trains_the_transformer_against_its_own_reference(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     rows = toy.main(["--recipe", "dr-grpo-k3-loss", "--policy", "transformer", "--steps", "2", "--batch-size",
-                     "64", "--betas", "0.3"])
+                     "64", "--betas", "0.3", "--distill-steps", "10"])
     row = rows[0]
     assert row["kl"] > 0 and row["kl_to_fixed"] > 0 and 0 <= row["floor"] < row["kl_to_fixed"]
     out = capsys.readouterr().out
     assert "transformer policy" in out and "floor" in out
     with pytest.raises(SystemExit):
         toy.main(["--recipe", "reinforce-k1-reward", "--policy", "transformer", "--steps", "1"])
+    with pytest.raises(SystemExit):
+        toy.main(["--distill-steps", "0"])
+    assert "--distill-steps must be >= 1, got 0" in capsys.readouterr().err

@@ -41,6 +41,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
                         help="the table policy (default) or a small transformer fitted to the reference, "
                         "which is then the runs' reference; a transformer run also reports the floor of "
                         "distilling its fixed point into the same network")
+    parser.add_argument("--distill-steps", type=int, default=200,
+                        help="steps of distilling the fixed point into the network for a transformer run's "
+                        "floor (default 200)")
     parser.add_argument("--seed", type=int, default=0, help="task and training seed, >= 0 (default 0)")
     parser.add_argument("--n-pairs", type=int, default=TaskConfig.n_pairs,
                         help=f"preference pairs the proxy is fitted to (default {TaskConfig.n_pairs})")
@@ -55,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
                         help="KL coefficients to train (default: the book's sweep, "
                              + " ".join(f"{b:g}" for b in FIXED_BETAS) + ")")
     args = parser.parse_args(argv)
+    if args.distill_steps < 1:
+        parser.error(f"--distill-steps must be >= 1, got {args.distill_steps}")
     if args.seed < 0:
         parser.error(f"--seed must be >= 0 (it seeds NumPy and torch generators), got {args.seed}")
     try:  # the configs' own messages (TrainConfig.steps must be ..., ...) as usage errors
@@ -89,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
             fixed = recipe_fixed_point(ref, args.recipe, config.beta, group_size=run.group_size)
             kl_to_fixed = ex.sequence_kl(run.logprobs, fixed)
             if fitted is not None:  # the best this network does on the same target
-                floor = distill(copy.deepcopy(fitted), fixed)
+                floor = distill(copy.deepcopy(fitted), fixed, steps=args.distill_steps)
         rows.append({
             "recipe": args.recipe,
             "beta": config.beta,
