@@ -82,6 +82,14 @@ def test_seed_study_and_names(task: toy.ToyTask) -> None:
     assert run.recipe == "ppo-k1-reward" and run.settings == recipes.PPOSettings(epochs=1)
 
 
+def test_beta_sweep_names_and_betas(task: toy.ToyTask) -> None:
+    with pytest.raises(ValueError, match=r"betas must be among \[1.0, "):
+        toy_runs.beta_runs(task, steps=2, betas=[0.25])
+    runs = toy_runs.beta_runs(task, steps=2, betas=[0.3])
+    assert list(runs) == ["beta = 0.3"] == [toy_runs.beta_run_name(0.3)]
+    assert runs["beta = 0.3"].beta[0] == 0.3
+
+
 def test_bad_input_is_named(tmp_path: Path, task: toy.ToyTask, short_runs: dict) -> None:
     with pytest.raises(TypeError, match=r"runs\['x'\] must be a TrainResult or a RecipeResult"):
         toy_runs.write_runs({"x": 1}, tmp_path / "x.npz")
@@ -105,12 +113,13 @@ def test_command_line_writes_what_it_names(tmp_path: Path, task: toy.ToyTask) ->
     assert list(runs) == list(toy_runs.control_controllers(task)) and len(runs["doubling rule"].kl) == 2
 
 
-@pytest.mark.parametrize("name, size", [("toy-control-runs.npz", 6), ("toy-recipe-runs-0.3.npz", 9),
-                                        ("toy-recipe-runs-0.1.npz", 14)])
+@pytest.mark.parametrize("name, size", [
+    ("toy-control-runs.npz", 6), ("toy-beta-runs.npz", len(toy.FIXED_BETAS)), ("toy-recipe-runs-0.3.npz", 9),
+    ("toy-recipe-runs-0.1.npz", 14)])
 def test_the_stored_files_are_the_books_sets(task: toy.ToyTask, name: str, size: int) -> None:
     meta = json.loads(json.dumps(toy_runs.read_metadata(DATA / name)))
     stem = name.removeprefix("toy-").removesuffix(".npz")
-    kind = "control" if stem == "control-runs" else stem.replace("recipe-runs", "recipes")
+    kind = {"control-runs": "control", "beta-runs": "betas"}.get(stem, stem.replace("recipe-runs", "recipes"))
     assert meta["command"] == f"python -m kltutorial.studies.toy_runs {kind} book/data/{name}"
     assert len(meta["runs"]) == size
     runs = toy_runs.read_runs(DATA / name, task)

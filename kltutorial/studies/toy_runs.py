@@ -6,6 +6,8 @@ Two sets, each in one ``.npz`` file under ``book/data/``:
 
 * ``control``: section 11's six runs of :data:`CONTROL_STEPS` steps, two fixed :math:`\beta` and four
   controllers (:func:`control_controllers`), on :func:`book_task`;
+* ``betas``: section 11's sweep of fixed coefficients, one run at each of
+  :data:`~kltutorial.toyrlhf.FIXED_BETAS` (:func:`beta_runs`);
 * ``recipes-0.3`` and ``recipes-0.1``: sections 9 and 9a's runs at :math:`\beta` = 0.3 and 0.1, every
   recipe of :data:`~kltutorial.toyrlhf.recipes.RECIPES` but TRL's ratio-weighted k3 (the page on TRL
   trains that one in TRL), and at 0.1 PPO with four and with one epoch for seeds 0, 1 and 2 too
@@ -14,10 +16,11 @@ Two sets, each in one ``.npz`` file under ``book/data/``:
 Written by::
 
     python -m kltutorial.studies.toy_runs control book/data/toy-control-runs.npz
+    python -m kltutorial.studies.toy_runs betas book/data/toy-beta-runs.npz
     python -m kltutorial.studies.toy_runs recipes-0.3 book/data/toy-recipe-runs-0.3.npz
     python -m kltutorial.studies.toy_runs recipes-0.1 book/data/toy-recipe-runs-0.1.npz
 
-(about 30, 30 and 45 seconds on one core). The file records the command, the package versions, the machine
+(about 30, 15, 30 and 45 seconds on one core). The file records the command, the package versions, the machine
 and the date beside the runs; :func:`read_runs` gives back the same
 :class:`~kltutorial.toyrlhf.TrainResult` and :class:`~kltutorial.toyrlhf.recipes.RecipeResult` objects
 the training returned, float64 throughout, bit for bit.
@@ -45,13 +48,14 @@ from ..controllers import (
     FixedKLController,
     KLController,
 )
-from ..toyrlhf import TaskConfig, TrainConfig, TrainResult, make_task, train_policy
+from ..toyrlhf import FIXED_BETAS, TaskConfig, TrainConfig, TrainResult, make_task, train_policy
 from ..toyrlhf import recipes as rc
 from ..toyrlhf.task import ToyTask
 
 __all__ = ["book_task", "CONTROL_BETA0", "CONTROL_TARGET", "CONTROL_STEPS", "CONTROL_SEED",
-           "control_controllers", "control_runs", "RECIPE_SETS", "RECIPE_SEEDS", "recipe_runs",
-           "seed_run_name", "write_runs", "read_runs", "read_metadata", "largest_difference", "main"]
+           "control_controllers", "control_runs", "beta_run_name", "beta_runs", "RECIPE_SETS",
+           "RECIPE_SEEDS", "recipe_runs", "seed_run_name", "write_runs", "read_runs", "read_metadata",
+           "largest_difference", "main"]
 
 #: Section 11's controller runs: initial (or fixed) beta, KL target in nats, steps, training seed.
 CONTROL_BETA0, CONTROL_TARGET, CONTROL_STEPS, CONTROL_SEED = 0.05, 2.0, 600, 0
@@ -103,6 +107,25 @@ def control_runs(task: ToyTask, *, steps: int = CONTROL_STEPS,
     return {name: train_policy(task, TrainConfig(steps=steps), controller=c,
                                generator=torch.Generator().manual_seed(CONTROL_SEED))
             for name, c in controllers.items() if names is None or name in names}
+
+
+def beta_run_name(beta: float) -> str:
+    """The stored name of the run of section 11's sweep at ``beta``."""
+    return f"beta = {beta!r}"
+
+
+def beta_runs(task: ToyTask, *, steps: int | None = None,
+              betas: list[float] | None = None) -> dict[str, TrainResult]:
+    """Train section 11's sweep (or the ``betas`` among it): one run at each fixed beta of
+    :data:`~kltutorial.toyrlhf.FIXED_BETAS`, seed :data:`CONTROL_SEED`, ``steps`` steps each (default:
+    :class:`~kltutorial.toyrlhf.TrainConfig`'s), named by :func:`beta_run_name`."""
+    unknown = sorted(set(betas or ()) - set(FIXED_BETAS))
+    if unknown:
+        raise ValueError(f"betas must be among {list(FIXED_BETAS)}, got {unknown}")
+    return {beta_run_name(beta): train_policy(
+                task, TrainConfig(beta=beta) if steps is None else TrainConfig(beta=beta, steps=steps),
+                generator=torch.Generator().manual_seed(CONTROL_SEED))
+            for beta in FIXED_BETAS if betas is None or beta in betas}
 
 
 def seed_run_name(epochs: int, seed: int) -> str:
@@ -228,8 +251,9 @@ def largest_difference(live: TrainResult | rc.RecipeResult, stored: TrainResult 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m kltutorial.studies.toy_runs",
                                      description="Train and store the book's longest toy runs.")
-    parser.add_argument("set", choices=("control", *RECIPE_SETS),
-                        help="section 11's runs, or section 9's (recipes-0.3) or 9a's (recipes-0.1)")
+    parser.add_argument("set", choices=("control", "betas", *RECIPE_SETS),
+                        help="section 11's runs (control, betas), or section 9's (recipes-0.3) or 9a's "
+                        "(recipes-0.1)")
     parser.add_argument("path", type=Path, help="the .npz file to write, e.g. book/data/toy-control-runs.npz")
     parser.add_argument("--steps", type=int, help="override every run's steps (a quick look, not the book's)")
     args = parser.parse_args(argv)
@@ -237,6 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     task = book_task()
     if args.set == "control":
         runs = control_runs(task, steps=args.steps or CONTROL_STEPS)
+    elif args.set == "betas":
+        runs = beta_runs(task, steps=args.steps)
     else:
         beta, seeds = RECIPE_SETS[args.set]
         runs = recipe_runs(task, beta, seeds=seeds, steps=args.steps)
