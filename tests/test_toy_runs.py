@@ -90,6 +90,19 @@ def test_beta_sweep_names_and_betas(task: toy.ToyTask) -> None:
     assert runs["beta = 0.3"].beta[0] == 0.3
 
 
+def test_transformer_runs_start_from_copies_of_the_network(task: toy.ToyTask) -> None:
+    from kltutorial.toyrlhf.transformer import TransformerPolicy
+    net = TransformerPolicy(task.space, generator=torch.Generator().manual_seed(0))
+    before = [p.clone() for p in net.parameters()]
+    runs = toy_runs.transformer_runs(task, net, names=["dr-grpo-k3-loss"], steps=2)
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))  # untouched
+    run = runs["dr-grpo-k3-loss"]
+    with torch.no_grad():
+        assert torch.equal(run.task.ref_table, recipes.with_reference(task, net.table()).ref_table)
+    with pytest.raises(ValueError, match="names must be among"):
+        toy_runs.transformer_runs(task, net, names=["grpo-k3-loss"])
+
+
 def test_bad_input_is_named(tmp_path: Path, task: toy.ToyTask, short_runs: dict) -> None:
     with pytest.raises(TypeError, match=r"runs\['x'\] must be a TrainResult or a RecipeResult"):
         toy_runs.write_runs({"x": 1}, tmp_path / "x.npz")
@@ -115,15 +128,17 @@ def test_command_line_writes_what_it_names(tmp_path: Path, task: toy.ToyTask) ->
 
 @pytest.mark.parametrize("name, size", [
     ("toy-control-runs.npz", 6), ("toy-beta-runs.npz", len(toy.FIXED_BETAS)), ("toy-recipe-runs-0.3.npz", 9),
-    ("toy-recipe-runs-0.1.npz", 14)])
+    ("toy-recipe-runs-0.1.npz", 14), ("toy-transformer-runs.npz", 1)])
 def test_the_stored_files_are_the_books_sets(task: toy.ToyTask, name: str, size: int) -> None:
     meta = json.loads(json.dumps(toy_runs.read_metadata(DATA / name)))
     stem = name.removeprefix("toy-").removesuffix(".npz")
-    kind = {"control-runs": "control", "beta-runs": "betas"}.get(stem, stem.replace("recipe-runs", "recipes"))
+    kind = {"control-runs": "control", "beta-runs": "betas", "transformer-runs": "transformer"}.get(
+        stem, stem.replace("recipe-runs", "recipes"))
     assert meta["command"] == f"python -m kltutorial.studies.toy_runs {kind} book/data/{name}"
     assert len(meta["runs"]) == size
     runs = toy_runs.read_runs(DATA / name, task)
-    steps = toy_runs.CONTROL_STEPS if kind == "control" else toy.TrainConfig().steps
+    steps = {"control": toy_runs.CONTROL_STEPS, "transformer": toy_runs.TRANSFORMER_BUDGET["dr-grpo-k3-loss"]
+             }.get(kind, toy.TrainConfig().steps)
     for run in runs.values():
         recorded = len(run.kl) if isinstance(run, toy.TrainResult) else int(run.steps[-1])
         assert recorded == steps

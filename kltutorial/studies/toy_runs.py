@@ -8,6 +8,8 @@ Two sets, each in one ``.npz`` file under ``book/data/``:
   controllers (:func:`control_controllers`), on :func:`book_task`;
 * ``betas``: section 11's sweep of fixed coefficients, one run at each of
   :data:`~kltutorial.toyrlhf.FIXED_BETAS` (:func:`beta_runs`);
+* ``transformer``: section 11a's Dr. GRPO run of a small transformer (:func:`transformer_runs`, the
+  network fitted by :func:`fitted_transformer`);
 * ``recipes-0.3`` and ``recipes-0.1``: sections 9 and 9a's runs at :math:`\beta` = 0.3 and 0.1, every
   recipe of :data:`~kltutorial.toyrlhf.recipes.RECIPES` but TRL's ratio-weighted k3 (the page on TRL
   trains that one in TRL), and at 0.1 PPO with four and with one epoch for seeds 0, 1 and 2 too
@@ -17,11 +19,12 @@ Written by::
 
     python -m kltutorial.studies.toy_runs control book/data/toy-control-runs.npz
     python -m kltutorial.studies.toy_runs betas book/data/toy-beta-runs.npz
+    python -m kltutorial.studies.toy_runs transformer book/data/toy-transformer-runs.npz
     python -m kltutorial.studies.toy_runs recipes-0.3 book/data/toy-recipe-runs-0.3.npz
     python -m kltutorial.studies.toy_runs recipes-0.1 book/data/toy-recipe-runs-0.1.npz
 
-(about 30, 15, 30 and 45 seconds on one core). The file records the command, the package versions, the machine
-and the date beside the runs; :func:`read_runs` gives back the same
+(about 30, 15, 30, 30 and 45 seconds on one core). The file records the command, the package
+versions, the machine and the date beside the runs; :func:`read_runs` gives back the same
 :class:`~kltutorial.toyrlhf.TrainResult` and :class:`~kltutorial.toyrlhf.recipes.RecipeResult` objects
 the training returned, float64 throughout, bit for bit.
 """
@@ -29,6 +32,7 @@ the training returned, float64 throughout, bit for bit.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import datetime
 import json
@@ -51,11 +55,13 @@ from ..controllers import (
 from ..toyrlhf import FIXED_BETAS, TaskConfig, TrainConfig, TrainResult, make_task, train_policy
 from ..toyrlhf import recipes as rc
 from ..toyrlhf.task import ToyTask
+from ..toyrlhf.transformer import TransformerPolicy, fit_reference
 
 __all__ = ["book_task", "CONTROL_BETA0", "CONTROL_TARGET", "CONTROL_STEPS", "CONTROL_SEED",
            "control_controllers", "control_runs", "beta_run_name", "beta_runs", "RECIPE_SETS",
            "RECIPE_SEEDS", "recipe_runs", "seed_run_name", "write_runs", "read_runs", "read_metadata",
-           "largest_difference", "main"]
+           "largest_difference", "TRANSFORMER_SETTINGS", "TRANSFORMER_BUDGET", "fitted_transformer",
+           "transformer_runs", "main"]
 
 #: Section 11's controller runs: initial (or fixed) beta, KL target in nats, steps, training seed.
 CONTROL_BETA0, CONTROL_TARGET, CONTROL_STEPS, CONTROL_SEED = 0.05, 2.0, 600, 0
@@ -126,6 +132,39 @@ def beta_runs(task: ToyTask, *, steps: int | None = None,
                 task, TrainConfig(beta=beta) if steps is None else TrainConfig(beta=beta, steps=steps),
                 generator=torch.Generator().manual_seed(CONTROL_SEED))
             for beta in FIXED_BETAS if betas is None or beta in betas}
+
+
+#: Section 11a's transformer runs: beta, batch size, learning rate (a network needs a far smaller step
+#: than the table's), and each recipe's steps.
+TRANSFORMER_SETTINGS = {"beta": 0.3, "batch_size": 512, "lr": 3e-3}
+TRANSFORMER_BUDGET = {"ppo-k1-reward": 40, "dr-grpo-k3-loss": 150}
+
+
+def fitted_transformer(task: ToyTask) -> TransformerPolicy:
+    """Section 11a's network: a :class:`~kltutorial.toyrlhf.transformer.TransformerPolicy` drawn with seed
+    0 and fitted to ``task``'s reference by enumeration (:func:`~kltutorial.toyrlhf.transformer.
+    fit_reference`); its next-token table is the reference of its runs."""
+    net = TransformerPolicy(task.space, generator=torch.Generator().manual_seed(0))
+    fit_reference(net, task.ref_table)
+    return net
+
+
+def transformer_runs(task: ToyTask, net: TransformerPolicy, *, names: list[str] | None = None,
+                     steps: int | None = None) -> dict[str, rc.RecipeResult]:
+    """Train section 11a's recipes (or the ``names`` among :data:`TRANSFORMER_BUDGET`), each from its own
+    copy of ``net``, for its budget's steps (or ``steps``), with :data:`TRANSFORMER_SETTINGS` and seed 0.
+    Each result's ``task`` is ``task`` with the network as its reference
+    (:func:`~kltutorial.toyrlhf.recipes.with_reference`)."""
+    unknown = sorted(set(names or ()) - set(TRANSFORMER_BUDGET))
+    if unknown:
+        raise ValueError(f"names must be among {sorted(TRANSFORMER_BUDGET)}, got {unknown}")
+    runs = {}
+    for name, budget in TRANSFORMER_BUDGET.items():
+        if names is None or name in names:
+            config = TrainConfig(steps=steps or budget, **TRANSFORMER_SETTINGS)
+            runs[name] = rc.train_recipe(task, name, config, policy=copy.deepcopy(net),
+                                         generator=torch.Generator().manual_seed(0))
+    return runs
 
 
 def seed_run_name(epochs: int, seed: int) -> str:
@@ -251,9 +290,9 @@ def largest_difference(live: TrainResult | rc.RecipeResult, stored: TrainResult 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m kltutorial.studies.toy_runs",
                                      description="Train and store the book's longest toy runs.")
-    parser.add_argument("set", choices=("control", "betas", *RECIPE_SETS),
-                        help="section 11's runs (control, betas), or section 9's (recipes-0.3) or 9a's "
-                        "(recipes-0.1)")
+    parser.add_argument("set", choices=("control", "betas", "transformer", *RECIPE_SETS),
+                        help="section 11's runs (control, betas), 11a's (transformer: Dr. GRPO's), or "
+                        "section 9's (recipes-0.3) or 9a's (recipes-0.1)")
     parser.add_argument("path", type=Path, help="the .npz file to write, e.g. book/data/toy-control-runs.npz")
     parser.add_argument("--steps", type=int, help="override every run's steps (a quick look, not the book's)")
     args = parser.parse_args(argv)
@@ -263,6 +302,8 @@ def main(argv: list[str] | None = None) -> None:
         runs = control_runs(task, steps=args.steps or CONTROL_STEPS)
     elif args.set == "betas":
         runs = beta_runs(task, steps=args.steps)
+    elif args.set == "transformer":
+        runs = transformer_runs(task, fitted_transformer(task), names=["dr-grpo-k3-loss"], steps=args.steps)
     else:
         beta, seeds = RECIPE_SETS[args.set]
         runs = recipe_runs(task, beta, seeds=seeds, steps=args.steps)
