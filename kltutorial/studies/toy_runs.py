@@ -135,15 +135,17 @@ def beta_runs(task: ToyTask, *, steps: int | None = None,
 
 
 #: Section 11a's transformer runs: beta, batch size, learning rate (a network needs a far smaller step
-#: than the table's), and each recipe's steps.
+#: than the table's).
 TRANSFORMER_SETTINGS = {"beta": 0.3, "batch_size": 512, "lr": 3e-3}
+#: Section 11a's transformer runs: each recipe's steps.
 TRANSFORMER_BUDGET = {"ppo-k1-reward": 40, "dr-grpo-k3-loss": 150}
 
 
 def fitted_transformer(task: ToyTask) -> TransformerPolicy:
     """Section 11a's network: a :class:`~kltutorial.toyrlhf.transformer.TransformerPolicy` drawn with seed
-    0 and fitted to ``task``'s reference by enumeration (:func:`~kltutorial.toyrlhf.transformer.
-    fit_reference`); its next-token table is the reference of its runs."""
+    0 and fitted to ``task``'s reference by enumeration
+    (:func:`~kltutorial.toyrlhf.transformer.fit_reference`); its next-token table is the reference of its
+    runs."""
     net = TransformerPolicy(task.space, generator=torch.Generator().manual_seed(0))
     fit_reference(net, task.ref_table)
     return net
@@ -151,8 +153,10 @@ def fitted_transformer(task: ToyTask) -> TransformerPolicy:
 
 def transformer_runs(task: ToyTask, net: TransformerPolicy, *, names: list[str] | None = None,
                      steps: int | None = None) -> dict[str, rc.RecipeResult]:
-    """Train section 11a's recipes (or the ``names`` among :data:`TRANSFORMER_BUDGET`), each from its own
-    copy of ``net``, for its budget's steps (or ``steps``), with :data:`TRANSFORMER_SETTINGS` and seed 0.
+    """Train section 11a's recipes (or the ``names`` among
+    :data:`~kltutorial.studies.toy_runs.TRANSFORMER_BUDGET`), each from its own copy of ``net``, for its
+    budget's steps (or ``steps``), with :data:`~kltutorial.studies.toy_runs.TRANSFORMER_SETTINGS` and
+    seed 0.
     Each result's ``task`` is ``task`` with the network as its reference
     (:func:`~kltutorial.toyrlhf.recipes.with_reference`)."""
     unknown = sorted(set(names or ()) - set(TRANSFORMER_BUDGET))
