@@ -121,7 +121,7 @@ XDIST = -n auto --maxprocesses 4
 
 # The unit tests twice in one process, serially (tools/run_twice.py): a test that changes what it shares
 # fails the second time round. For maintainers (mutation tools run tests this way), not part of make test;
-# about 10 minutes on 2 cores.
+# about 6 minutes on 2 cores.
 unit-tests-twice: $(STAMP)
 	$(BIN)/python tools/run_twice.py tests kltutorial tools/nbval_numeric.py --doctest-modules -m "not book" \
 		-p no:cacheprovider -q
