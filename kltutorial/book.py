@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["SourceListing", "source_of", "show_source", "glue", "glue_many", "glued", "GluedValues",
-           "print_table"]
+           "print_table", "power_of_ten"]
 
 
 
@@ -129,6 +129,25 @@ class GluedValues:
 
 #: The values this kernel glued, as attributes: what the prose's ``{eval}`` expressions read.
 glued = GluedValues()
+
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def power_of_ten(value: float) -> str:
+    """An exact power of ten as prose writes it, ``10⁻⁹``, for glueing where the prose shows a tolerance.
+
+    >>> power_of_ten(1e-9), power_of_ten(100.0)
+    ('10⁻⁹', '10²')
+    >>> power_of_ten(2e-9)
+    Traceback (most recent call last):
+        ...
+    ValueError: power_of_ten needs an exact power of ten (1e-9, 100), got 2e-09
+    """
+    exponent = round(math.log10(value)) if isinstance(value, (int, float)) and value > 0 else None
+    if exponent is None or value != 10.0 ** exponent:
+        raise ValueError(f"power_of_ten needs an exact power of ten (1e-9, 100), got {value!r}")
+    return "10" + str(exponent).translate(_SUPERSCRIPT)
 
 
 def glue(name: str, value: Any, display: bool = False) -> None:
