@@ -26,3 +26,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "pdf: checks _build/pdf/book.pdf (also marked book); run after `make pdf`",
     )
+    config.addinivalue_line(
+        "markers", "phone: a browser check of make html-check's second process (tests/conftest.py): the "
+        "pages at phone width, and the checks that visit no page at a width",
+    )

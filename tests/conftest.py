@@ -7,7 +7,11 @@ The browser checks of the built book (tests marked ``book``) take pytest-playwri
 (``browser``, one Chromium for the whole session; ``launch_browser``; ``new_context``), configured
 here: its ``browser_type_launch_args`` launch Debian's Chromium (a check that cannot start fails,
 never skips), its ``browser_context_args`` make every context offline, and ``--browser`` may name
-only Chromium.
+only Chromium. ``make html-check`` runs them in two pytest processes side by side, one per width
+(``-m "... and not phone"`` and ``-m "... and phone"``, :func:`pytest_collection_modifyitems`), so
+that no page is visited twice and each process keeps one Chromium for all its pages. (pytest-xdist's
+``--dist loadgroup`` would do the same in one command, but with pytest 9.2 and pytest-xdist 3.8 its
+groups are ignored: it renames ``Item._nodeid``, which pytest 9.2 no longer reads.)
 """
 
 from __future__ import annotations
@@ -30,6 +34,21 @@ def house_style() -> Iterator[None]:
     with mpl.rc_context():
         use_style()
         yield
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``phone`` the browser checks of html-check's second process: those of the pages at phone
+    width (their ``width`` parameter), and the checks that visit no page at a width (search, citations,
+    the interactive figure, the downloads), which balance the desktop's dark mode and download menus.
+    The checks that read a page's desktop report (``report_of``) stay with the desktop visits, whatever
+    their width: a process that visited the other width would clear its screenshots."""
+    for item in items:
+        if item.get_closest_marker("book") is None or item.get_closest_marker("pdf") is not None:
+            continue
+        callspec = getattr(item, "callspec", None)
+        width = callspec.params.get("width") if callspec is not None else None
+        if "report_of" not in item.fixturenames and width != "desktop":
+            item.add_marker(pytest.mark.phone)
 
 
 def pytest_configure(config: pytest.Config) -> None:

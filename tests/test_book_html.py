@@ -95,6 +95,8 @@ VIEWPORTS: dict[str, dict] = {
     "desktop": {"viewport": {"width": 1400, "height": 900}},
     "phone": {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True},
 }
+# The screenshot folders (under SCREENSHOT_DIR) a visit at each width writes: dark mode at desktop width.
+SCREENSHOT_KINDS: dict[str, tuple[str, ...]] = {"desktop": ("desktop", "desktop-dark"), "phone": ("phone",)}
 
 # Headless, as root on a machine without a GPU; no background traffic of Chromium's own.
 CHROMIUM_FLAGS = [
@@ -637,13 +639,16 @@ class Reader:
 def visit(browser: Browser, browser_context_args: dict) -> Iterator[Callable[[Path, str], PageReport]]:
     """The report of a page at a width, visited on first use and kept for the session (so its
     contexts are the session's, not pytest-playwright's per-test ``context``)."""
-    if SCREENSHOT_DIR.is_dir():
-        shutil.rmtree(SCREENSHOT_DIR)  # no screenshot of a page that is no longer built
     readers: dict[str, Reader] = {}
 
     @functools.cache
     def visit(page: Path, width: str = "desktop") -> PageReport:
         if width not in readers:
+            # No screenshot of a page that is no longer built. Each width clears only its own folders:
+            # make html-check visits the two widths in two worker processes (the xdist groups of
+            # tests/conftest.py), and neither may remove what the other has written.
+            for kind in SCREENSHOT_KINDS[width]:
+                shutil.rmtree(SCREENSHOT_DIR / kind, ignore_errors=True)
             readers[width] = Reader(browser.new_context(**browser_context_args, **VIEWPORTS[width]), width)
         return readers[width].visit(page)
 
@@ -891,15 +896,15 @@ def test_dark_mode_code_is_dark(page: Path, report_of: Callable[[Path], PageRepo
     )
 
 
-def test_every_page_is_photographed(visit: Callable[[Path, str], PageReport]) -> None:
+@pytest.mark.parametrize("width", VIEWPORTS)
+def test_every_page_is_photographed(width: str, visit: Callable[[Path, str], PageReport]) -> None:
     """A JPEG of every page at both widths, and in dark mode at desktop width, for review."""
     if not PAGES:
         _unavailable(f"no built book in {HTML_DIR}")
     missing = []
     for page in PAGES:
-        for width in VIEWPORTS:
-            visit(page, width)
-        for kind in (*VIEWPORTS, "desktop-dark"):
+        visit(page, width)
+        for kind in SCREENSHOT_KINDS[width]:
             shot = screenshot_path(kind, page)
             if not shot.is_file() or shot.stat().st_size < 1000:
                 missing.append(shot.relative_to(SCREENSHOT_DIR).as_posix())
