@@ -112,9 +112,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 # Unit tests and docstring examples of the package and the tools, and the stored notebooks' checks
-# (tests/test_notebooks.py); not the browser checks (-m "not book").
+# (tests/test_notebooks.py); not the browser checks (-m "not book"). Work stealing: a worker that runs
+# out takes tests queued on the other, so that neither waits alone at the end.
 unit-tests: $(STAMP)
-	$(call pytest_strict,$(XDIST) tests kltutorial tools/nbval_numeric.py --doctest-modules -m "not book" --durations=8)
+	$(call pytest_strict,$(XDIST) --dist worksteal tests kltutorial tools/nbval_numeric.py --doctest-modules \
+		-m "not book" --durations=8)
 
 # Unit tests and nbval run on up to four worker processes (pytest-xdist); nbval keeps each
 # notebook on one worker (--dist loadfile), its cells in order in one kernel.
