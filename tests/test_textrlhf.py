@@ -1,7 +1,8 @@
 """Tests of kltutorial.textrlhf (the real-text chapter): the corpus and its split, the word-level tokenizer's
 round trip, the stored model loaded offline, the gold reward, sampling with the KV cache, token_kl against
-a direct computation from both models' logits, the metrics, the configs' checks, and tiny end-to-end runs
-of train_text that collapse without the penalty and not with it."""
+a direct computation from both models' logits, the metrics, the configs' checks, tiny end-to-end runs
+of train_text that collapse without the penalty and not with it, the learned proxy reward (its labels,
+its training, the stored model and its recorded accuracies) and the stored runs of the book."""
 
 from __future__ import annotations
 
@@ -283,8 +284,8 @@ def test_text_train_config_rejects_bad_fields(kwargs: dict, error: type, match: 
 def test_train_text_rejects_bad_arguments(pretrained) -> None:
     model, tok = pretrained
     config = text.TextTrainConfig(steps=1, batch_size=2)
-    with pytest.raises(ValueError, match="reward must be 'gold'.*proxy arrives with the chapter"):
-        text.train_text(model, tok, config, reward="proxy", generator=_gen())
+    with pytest.raises(ValueError, match="reward must be 'gold' .* or 'proxy'"):
+        text.train_text(model, tok, config, reward="vader", generator=_gen())
     with pytest.raises(TypeError, match="config"):
         text.train_text(model, tok, {"beta": 0.1}, generator=_gen())
     with pytest.raises(TypeError, match="generator"):
@@ -333,3 +334,180 @@ def test_without_the_penalty_the_policy_collapses_and_with_it_does_not(pretraine
     assert free.distinct_2 < 0.2 and free.kl > 30 and free.gold > 0.9
     assert penalised.distinct_2 > 0.85 and penalised.kl < free.kl / 3 and penalised.gold < 0.5
     assert runs[0.0].distinct_2[0] > 0.85 and runs[0.0].kl[0] == 0  # the base model's batch
+
+
+# --- the learned proxy reward ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def proxy() -> text.ProxyReward:
+    return text.load_proxy_reward()
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"pairs": 0}, ValueError, "ProxyConfig.pairs must be an int >= 1"),
+    ({"label_temperature": -1.0}, ValueError, "ProxyConfig.label_temperature must be a finite number > 0"),
+    ({"lr": 0.0}, ValueError, "ProxyConfig.lr"),
+    ({"epochs": 1.5}, TypeError, "ProxyConfig.epochs must be an int"),
+])
+def test_proxy_config_rejects_bad_fields(kwargs: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        text.ProxyConfig(**kwargs)
+
+
+def test_comparisons_are_labelled_by_the_gold_with_bradley_terry_noise(pretrained) -> None:
+    """The first response wins with probability sigmoid((g_a - g_b) / tau): at a tiny tau the labels are
+    the gold's order (ties a coin flip), at a huge one a coin flip throughout; the texts and their gold
+    differences do not depend on tau (the same draws)."""
+    model, tok = pretrained
+    sharp = text.comparisons(model, tok, 256, text.ProxyConfig(label_temperature=1e-9), _gen(3))
+    blunt = text.comparisons(model, tok, 256, text.ProxyConfig(label_temperature=1e9), _gen(3))
+    assert sharp.a == blunt.a and sharp.b == blunt.b and len(sharp.a) == 256
+    assert torch.equal(sharp.gold_difference, text.gold_reward(sharp.a) - text.gold_reward(sharp.b))
+    unequal = sharp.gold_difference != 0
+    assert unequal.double().mean() > 0.5
+    assert torch.equal(sharp.labels[unequal] > 0.5, sharp.gold_difference[unequal] > 0)
+    agreement = ((blunt.labels > 0.5) == (blunt.gold_difference > 0))[unequal].double().mean()
+    assert 0.35 < agreement < 0.65
+
+
+def test_proxy_reward_scores_texts_like_the_gold_reward(proxy) -> None:
+    scores = proxy(["i love it.", "what a wonderful day.", "i hate it.", "this is terrible."])
+    assert scores.dtype == torch.float64 and scores.shape == (4,) and not scores.requires_grad
+    assert min(scores[:2]) > max(scores[2:])
+    assert torch.equal(proxy([]), torch.zeros(0, dtype=torch.float64))
+    batched = proxy(["i love it.", "i hate it."] * 3, batch_size=4)
+    assert torch.allclose(batched, proxy(["i love it.", "i hate it."]).repeat(3), atol=1e-6)
+    with pytest.raises(TypeError, match="texts must be a sequence of str"):
+        proxy("i love it.")
+    with pytest.raises(TypeError, match="LlamaForSequenceClassification with one label"):
+        text.ProxyReward(text.load_pretrained()[0], proxy.tokenizer)
+
+
+def test_the_stored_proxy_loads_offline_with_its_recorded_accuracies(pretrained, proxy, monkeypatch) -> None:
+    """proxy.json's held-out accuracies, measured again on the same fresh pairs (seed + 1): the proxy
+    ranks the gold's better response first more often than chance, less often than the noisy labels do
+    (the ceiling)."""
+    def no_network(*args, **kwargs):
+        raise AssertionError("load_proxy_reward tried to open a connection")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    loaded = text.load_proxy_reward()
+    assert isinstance(loaded.model, transformers.LlamaForSequenceClassification)
+    assert loaded.model.dtype == torch.float32 and not loaded.model.training
+    weights = text.PROXY_DIR / "model.safetensors"
+    assert weights.stat().st_size < 10 * 2**20
+    meta = text.proxy_metadata()
+    assert meta["command"].startswith("python -m kltutorial.textrlhf proxy")
+    config = text.ProxyConfig(**meta["config"])
+    model, tok = pretrained
+    held = text.comparisons(model, tok, config.validation_pairs, config, _gen(meta["seed"] + 1))
+    measured = text.pair_accuracies(loaded, held)
+    for key, value in meta["validation"].items():
+        assert measured[key] == pytest.approx(value, abs=2e-4), key
+    assert 0.55 < measured["gold_accuracy"] < measured["label_gold_agreement"]
+    with pytest.raises(FileNotFoundError, match="textrlhf proxy"):
+        text.load_proxy_reward(text.PROXY_DIR / "missing")
+
+
+def test_train_proxy_fits_its_comparisons_and_leaves_the_base_model(pretrained) -> None:
+    """A tiny training set (128 pairs, drawn first from the generator): the kept model's Bradley–Terry loss
+    on its own pairs is below a constant score's, log 2; the kept epoch is the one of lowest validation
+    loss; the base model is untouched, and a second run is bit-identical. (How well the proxy ranks new
+    pairs is the stored proxy's test, above: a few hundred pairs only overfit.)"""
+    from kltutorial.textrlhf.proxy import _bt_loss
+
+    model, tok = pretrained
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    config = text.ProxyConfig(pairs=128, validation_pairs=64, epochs=2)
+    result = text.train_proxy(model, tok, config, generator=_gen(0))
+    assert len(result.validation_loss) == 2
+    assert result.best_epoch == 1 + int(np.argmin(result.validation_loss))
+    assert set(result.accuracies) == {"label_accuracy", "gold_accuracy", "label_gold_agreement",
+                                      "unequal_gold_share"}
+    train = text.comparisons(model, tok, 128, config, _gen(0))
+    with torch.no_grad():
+        assert float(_bt_loss(result.proxy.model, tok, train.a, train.b, train.labels)) < np.log(2)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    again = text.train_proxy(model, tok, config, generator=_gen(0))
+    assert again.validation_loss == result.validation_loss  # one thread: bit-identical
+    with pytest.raises(TypeError, match="config must be a ProxyConfig"):
+        text.train_proxy(model, tok, {"pairs": 8}, generator=_gen(0))
+    with pytest.raises(TypeError, match="base must be a LlamaForCausalLM"):
+        text.train_proxy(result.proxy.model, tok, config, generator=_gen(0))
+
+
+def test_train_text_on_the_proxy_trains_on_the_proxys_scores(pretrained, proxy, monkeypatch) -> None:
+    """reward="proxy": the objective receives the proxy's scores of the batch; both rewards are recorded."""
+    model, tok = pretrained
+    seen = []
+    library = trainer_module.compute_rlhf_objective
+
+    def spy(*args, **kwargs):
+        seen.append(args[3].clone())
+        return library(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "compute_rlhf_objective", spy)
+    config = text.TextTrainConfig(beta=0.05, steps=2, batch_size=8, max_new_tokens=6)
+    run = text.train_text(model, tok, config, reward="proxy", generator=_gen(0))
+    assert run.reward == "proxy" and len(seen) == 3
+    assert run.proxy[-1] == pytest.approx(float(proxy(list(run.samples)).mean()), abs=1e-6)
+    assert run.gold[-1] == pytest.approx(float(text.gold_reward(list(run.samples)).mean()), abs=1e-12)
+    assert float(seen[-1].mean()) == pytest.approx(run.proxy[-1], abs=1e-6)
+
+
+# --- the stored runs -------------------------------------------------------------------------------------
+
+
+def test_stored_runs_read_back_as_trained(pretrained, tmp_path) -> None:
+    from kltutorial.textrlhf import runs as runs_module
+
+    model, tok = pretrained
+    config = text.TextTrainConfig(beta=0.05, steps=3, batch_size=8, max_new_tokens=6)
+    trained = {"kept": text.train_text(model, tok, config, generator=_gen(0)),
+               "records": text.train_text(model, tok, config, reward="proxy", generator=_gen(1))}
+    path = tmp_path / "runs.npz"
+    runs_module.write_runs(trained, path, command="test", keep=["kept"])
+    back = runs_module.read_runs(path, model)
+    assert list(back) == ["kept", "records"]
+    for name, run in trained.items():
+        for f in trainer_module.FIELDS:
+            assert np.array_equal(getattr(back[name], f), getattr(run, f)), (name, f)
+        assert back[name].samples == run.samples and back[name].config == run.config
+        assert back[name].reward == run.reward
+    assert back["records"].policy is None and runs_module.read_runs(path)["kept"].policy is None
+    for key, value in trained["kept"].policy.state_dict().items():
+        assert torch.equal(back["kept"].policy.state_dict()[key], value.half().float()), key
+    meta = runs_module.read_metadata(path)
+    assert meta["command"] == "test" and {"versions", "machine", "date"} <= set(meta)
+    assert runs_module.largest_difference(back["kept"], trained["kept"], 3) == 0
+    assert runs_module.largest_difference(back["records"], trained["kept"], 3) > 0
+    with pytest.raises(ValueError, match="steps 0 to 9"):
+        runs_module.largest_difference(back["kept"], trained["kept"], 9)
+    with pytest.raises(ValueError, match="keep names runs that are not in runs"):
+        runs_module.write_runs(trained, path, keep=["missing"])
+    with pytest.raises(ValueError, match="name must be one of"):
+        runs_module.book_config("gold-1")
+    assert runs_module.book_config("proxy-0") == ("proxy", text.TextTrainConfig(beta=0.0, steps=400))
+
+
+def test_gold_peak_reads_the_running_mean() -> None:
+    from kltutorial.textrlhf.metrics import gold_peak, running_mean
+
+    gold = np.array([0.0, 1.0, 0.0, 0.6, 0.6, 0.6, 0.0])
+    assert np.allclose(running_mean(gold, 3), [0.0, 0.5, 1 / 3, 1.6 / 3, 0.4, 0.6, 0.4])
+    assert np.array_equal(running_mean(gold, 1), gold)
+
+    class Run:  # a TextTrainResult's gold
+        pass
+
+    run = Run()
+    run.gold = gold
+    assert gold_peak(run, window=1) == 1 and gold_peak(run, window=3) == 5
+    with pytest.raises(ValueError, match="window must be an int >= 1"):
+        running_mean(gold, 0)
+    with pytest.raises(ValueError, match="one-dimensional"):
+        running_mean(gold.reshape(7, 1), 2)
+    with pytest.raises(TypeError, match="TextTrainResult"):
+        gold_peak(object())

@@ -15,6 +15,8 @@ module             figures                                                      
                    TRL's kl beside the exact KL
 ``interactive``    the β slider over π*_β (plotly, offline)                                        11
 ``diagnostics``    per-token KL heat maps, KL spike logs, memory against the vocabulary size       12
+``text``           real-text runs over training, the learned proxy over-optimised, words shaded    11b
+                   by their KL
 =================  ==============================================================================  ========
 
 Plot functions take results (arrays, result dataclasses, controller histories), draw on an
@@ -99,6 +101,12 @@ from .style import (
     series_style,
     use_style,
 )
+from .text import (
+    plot_text_overoptimisation,
+    plot_text_runs,
+    plot_token_kl_text,
+    word_label,
+)
 
 __all__ = [
     "FIG_WIDTH",
@@ -153,4 +161,8 @@ __all__ = [
     "plot_token_kl_heatmap",
     "plot_memory_by_vocab",
     "plot_spike_log",
+    "plot_text_runs",
+    "plot_text_overoptimisation",
+    "plot_token_kl_text",
+    "word_label",
 ]

@@ -14,13 +14,16 @@ shows the penalty on what it writes, with nothing downloaded at run time and eve
                    safetensors, loaded offline) and its tokenizer, as TRL takes them
 ``pretrain``       how the base model was trained: ``python -m kltutorial.textrlhf pretrain``
 ``reward``         :func:`gold_reward`: VADER's sentiment score, a rule-based scorer from a package
+``proxy``          :func:`load_proxy_reward`: a Bradley–Terry reward model learned from noisy
+                   comparisons labelled by the gold (``python -m kltutorial.textrlhf proxy``)
 ``generation``     sampling with a KV cache (the end token an action), :func:`token_kl`: the exact
                    KL of the next-word distributions at every word of a text
 ``metrics``        distinct-n, and the share of a sample's words and word pairs found in the corpus
 ``config``         :class:`TextTrainConfig`, frozen and validated; the book's β sweep
 ``trainer``        :func:`train_text`: REINFORCE with β times the sequence's k1 in the reward,
                    through :func:`kltutorial.compute_rlhf_objective`
-``cli``            ``python -m kltutorial.textrlhf pretrain`` and ``... sweep`` (``--help``)
+``cli``            ``python -m kltutorial.textrlhf pretrain``, ``... proxy`` and ``... sweep``
+                   (``--help``)
 =================  ==========================================================================
 
 It needs ``transformers`` and the text packages (``pip install 'kltutorial[text]'``, which
@@ -53,6 +56,18 @@ from .generation import Responses, TokenKL, decode_responses, sample_responses, 
 from .metrics import corpus_ngrams, corpus_share, distinct_n
 from .model import PRETRAINED_DIR, load_pretrained, pretrained_metadata
 from .pretrain import PretrainConfig, perplexity, pretrain
+from .proxy import (
+    PROXY_DIR,
+    Comparisons,
+    ProxyConfig,
+    ProxyResult,
+    ProxyReward,
+    comparisons,
+    load_proxy_reward,
+    pair_accuracies,
+    proxy_metadata,
+    train_proxy,
+)
 from .reward import gold_reward
 from .trainer import REWARDS, BatchStats, TextTrainResult, evaluate_policy, train_text
 
@@ -76,6 +91,16 @@ __all__ = [
     "perplexity",
     "pretrain",
     "gold_reward",
+    "PROXY_DIR",
+    "Comparisons",
+    "ProxyConfig",
+    "ProxyResult",
+    "ProxyReward",
+    "comparisons",
+    "load_proxy_reward",
+    "pair_accuracies",
+    "proxy_metadata",
+    "train_proxy",
     "REWARDS",
     "BatchStats",
     "TextTrainResult",

@@ -1,9 +1,12 @@
-"""The command line of the real-text experiment: ``python -m kltutorial.textrlhf pretrain | sweep``.
+"""The command line of the real-text experiment: ``python -m kltutorial.textrlhf pretrain | proxy | sweep``.
 
 * ``pretrain`` trains the base model (:func:`~kltutorial.textrlhf.pretrain.pretrain`) and writes it, with
   ``pretrain.json`` (the command, machine, date, corpus sizes, validation perplexity, and what 512 of
   its samples measure), to ``--out`` (default: the directory the package ships,
   :data:`~kltutorial.textrlhf.PRETRAINED_DIR`).
+* ``proxy`` learns the proxy reward from the stored base model (:func:`~kltutorial.textrlhf.train_proxy`)
+  and writes it, with ``proxy.json`` (the command, machine, date, data and validation accuracies), to
+  ``--out`` (default: :data:`~kltutorial.textrlhf.PROXY_DIR`).
 * ``sweep`` trains one policy per β from the stored model (:func:`~kltutorial.textrlhf.train_text`)
   and prints, for the reference and each β, what ``--eval`` fresh samples of the final policy measure;
   ``--json`` writes it with the settings, machine and date.
@@ -33,6 +36,15 @@ from .corpus import PACKAGES, load_corpus
 from .metrics import corpus_ngrams, corpus_share, distinct_n
 from .model import PRETRAINED_DIR, load_pretrained, save_pretrained
 from .pretrain import PretrainConfig, encode_quotes, perplexity, pretrain
+from .proxy import (
+    PROXY_DIR,
+    ProxyConfig,
+    comparisons,
+    load_proxy_reward,
+    pair_accuracies,
+    save_proxy,
+    train_proxy,
+)
 from .trainer import evaluate_policy, train_text
 
 __all__ = ["main", "machine", "reference_measures"]
@@ -121,6 +133,35 @@ def _pretrain(args: argparse.Namespace, argv: Sequence[str]) -> dict:
     return metadata
 
 
+def _proxy(args: argparse.Namespace, argv: Sequence[str]) -> dict:
+    config = ProxyConfig(**{f.name: getattr(args, f.name) for f in fields(ProxyConfig)
+                            if getattr(args, f.name, None) is not None})
+    base, tok = load_pretrained(args.model)
+    result = train_proxy(base, tok, config, generator=torch.Generator().manual_seed(args.seed), progress=True)
+    metadata = {
+        "command": "python -m kltutorial.textrlhf " + shlex.join(argv),
+        "machine": machine(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "versions": _versions(),
+        "seed": args.seed,
+        "config": asdict(config),
+        "parameters": sum(p.numel() for p in result.proxy.model.parameters()),
+        "epoch_validation_loss": [round(x, 4) for x in result.validation_loss],
+        "best_epoch": result.best_epoch,
+        "train_seconds": round(result.seconds, 1),
+    }
+    out = Path(args.out)
+    save_proxy(result.proxy, out, metadata)
+    # the stored float16 weights, measured on fresh held-out pairs (seed + 1) as a reader will load them
+    proxy = load_proxy_reward(out)
+    held = comparisons(base, tok, config.validation_pairs, config,
+                       torch.Generator().manual_seed(args.seed + 1))
+    metadata["validation"] = {k: round(v, 4) for k, v in pair_accuracies(proxy, held).items()}
+    save_proxy(proxy, out, metadata)
+    print(json.dumps(metadata["validation"], indent=1))
+    return metadata
+
+
 def _unknown_share(tok, texts: Sequence[str]) -> float:
     ids = [i for row in tok(list(texts), add_special_tokens=False).input_ids for i in row]
     return sum(i == tok.unk_token_id for i in ids) / len(ids)
@@ -173,7 +214,8 @@ def _print_row(row: dict, header: bool, reference: dict) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    """Parse ``argv`` (default: the process's) and run ``pretrain`` or ``sweep``; return what it wrote."""
+    """Parse ``argv`` (default: the process's) and run ``pretrain``, ``proxy`` or ``sweep``; return what it
+    wrote."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m kltutorial.textrlhf",
                                      description="The real-text RLHF experiment: the base model and "
@@ -184,6 +226,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=0, help="seeds the weights and the batches (default 0)")
     for f in fields(PretrainConfig):
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(f.default), default=None,
+                       help=f"default {f.default}")
+    q = sub.add_parser("proxy", help="learn the proxy reward from the stored base model and store it")
+    q.add_argument("--out", default=str(PROXY_DIR), help="directory to write (default: the package's)")
+    q.add_argument("--model", default=None, help="a directory written by pretrain (default: the package's)")
+    q.add_argument("--seed", type=int, default=0, help="seeds the samples, labels, head and batches")
+    for f in fields(ProxyConfig):
+        q.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(f.default), default=None,
                        help=f"default {f.default}")
     s = sub.add_parser("sweep", help="train one policy per β from the stored model and measure each")
     s.add_argument("--betas", type=float, nargs="+", default=list(TEXT_BETAS),
@@ -201,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         parser.error(f"--seed must be >= 0, got {args.seed}")
     start = time.perf_counter()
     try:
-        result = (_pretrain if args.command == "pretrain" else _sweep)(args, argv)
+        result = {"pretrain": _pretrain, "proxy": _proxy, "sweep": _sweep}[args.command](args, argv)
     except (TypeError, ValueError) as err:
         parser.error(str(err))
     print(f"{args.command}: {time.perf_counter() - start:.0f} s", file=sys.stderr)

@@ -2,16 +2,17 @@ r"""REINFORCE with the KL penalty in the reward, on real text (the book's real-t
 
 The run of book section 11 with a language model: the policy starts as a copy of the base model, which
 stays frozen as the reference :math:`\pi_\mathrm{ref}`; each step samples B responses, scores them with
-the gold reward, and follows the gradient of
+the gold reward (VADER) or the learned proxy, and follows the gradient of
 
 .. math:: J(\theta) = \mathbb{E}_{y\sim\pi_\theta}\big[r(y)\big]
           - \beta\,\mathrm{KL}(\pi_\theta\|\pi_\mathrm{ref})
 
 with the sequence's k1 (its log-ratio) in the reward, through the library's own
-:func:`kltutorial.compute_rlhf_objective` (REINFORCE, leave-one-out baseline: the recipe of RLOO). What
-each step records comes from the same batch: the gold reward, the exact KL at every sampled position
-summed along the response (:func:`kltutorial.exact_kl`, through the objective's ``info``), the k1 and k3
-estimates (:func:`kltutorial.compute_token_kl`), distinct-1 and distinct-2 and the length.
+:func:`kltutorial.compute_rlhf_objective` (REINFORCE, leave-one-out baseline: the recipe of RLOO).
+What each step records comes from the same batch: the gold and proxy rewards, the exact KL at every
+sampled position summed along the response (:func:`kltutorial.exact_kl`, through the objective's
+``info``), the k1 and k3 estimates (:func:`kltutorial.compute_token_kl`), distinct-1 and distinct-2 and
+the length.
 
 Shapes: B responses, T positions, V vocabulary.
 """
@@ -41,12 +42,14 @@ from .generation import (
     sample_unchecked,
 )
 from .metrics import distinct_n
+from .proxy import load_proxy_reward
 from .reward import gold_reward
 
 __all__ = ["REWARDS", "BatchStats", "TextTrainResult", "train_text", "evaluate_policy"]
 
-#: The rewards a run can be trained on. The learned (Bradley–Terry) proxy arrives with the chapter.
-REWARDS: tuple[str, ...] = ("gold",)
+#: The rewards a run can be trained on: the gold (VADER) or the learned Bradley–Terry proxy
+#: (:func:`~kltutorial.textrlhf.load_proxy_reward`). Each step records both.
+REWARDS: tuple[str, ...] = ("gold", "proxy")
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,9 @@ class BatchStats:
     ----------
     gold : float
         The gold reward, VADER's compound score (:func:`~kltutorial.textrlhf.gold_reward`).
+    proxy : float
+        The learned proxy reward (:func:`~kltutorial.textrlhf.load_proxy_reward`), whichever the run
+        trains on.
     kl : float
         :math:`\\sum_t \\mathrm{KL}_t`, the exact KL of the two models' next-token distributions at each
         sampled position, summed along the response (end token included): an unbiased, low-variance
@@ -73,6 +79,7 @@ class BatchStats:
     """
 
     gold: float
+    proxy: float
     kl: float
     k1: float
     k3: float
@@ -85,7 +92,7 @@ FIELDS: tuple[str, ...] = tuple(BatchStats.__dataclass_fields__)
 
 
 def _stats(policy_logits: torch.Tensor, reference_logits: torch.Tensor, responses: Responses, eos: int,
-           texts: Sequence[str], scores: torch.Tensor, kl: float) -> BatchStats:
+           texts: Sequence[str], gold: torch.Tensor, proxy: torch.Tensor, kl: float) -> BatchStats:
     """The batch's :class:`BatchStats`; ``kl`` is the exact KL sum's batch mean, computed by the caller."""
     tokens, mask = responses.tokens, responses.mask
     lp = get_logprobs_for_tokens(policy_logits.detach(), tokens)  # (B, T)
@@ -94,7 +101,7 @@ def _stats(policy_logits: torch.Tensor, reference_logits: torch.Tensor, response
     _, k3 = compute_token_kl(lp, lq, mask, "k3", "sum")  # (B,)
     length = mask.sum(-1) - (mask & (tokens == eos)).sum(-1)  # (B,): the end token is an action, not a word
     return BatchStats(
-        gold=float(scores.mean()), kl=kl, k1=float(k1.mean()), k3=float(k3.mean()),
+        gold=float(gold.mean()), proxy=float(proxy.mean()), kl=kl, k1=float(k1.mean()), k3=float(k3.mean()),
         distinct_1=distinct_n(texts, 1), distinct_2=distinct_n(texts, 2),
         length=float(length.double().mean()),
     )
@@ -114,8 +121,8 @@ class TextTrainResult:
         The trained policy (the model passed in is left as it was: it is the reference).
     config : TextTrainConfig
     reward : str
-        The score the policy was trained on (``"gold"``).
-    gold, kl, k1, k3, distinct_1, distinct_2, length : ndarray, shape (steps + 1,)
+        The score the policy was trained on (``"gold"`` or ``"proxy"``).
+    gold, proxy, kl, k1, k3, distinct_1, distinct_2, length : ndarray, shape (steps + 1,)
         Per step, as :class:`BatchStats` defines them.
     samples : tuple of str
         The last batch, decoded (``<unk>`` kept visible).
@@ -127,6 +134,7 @@ class TextTrainResult:
     config: TextTrainConfig
     reward: str
     gold: np.ndarray
+    proxy: np.ndarray
     kl: np.ndarray
     k1: np.ndarray
     k3: np.ndarray
@@ -149,21 +157,22 @@ def _check_args(model: object, tokenizer: object, config: object, reward: object
         raise TypeError(f"config must be a TextTrainConfig (e.g. TextTrainConfig(beta=0.05)), "
                         f"got {type(config).__name__}")
     if reward not in REWARDS:
-        raise ValueError(f"reward must be 'gold' (the learned proxy arrives with the chapter), "
+        raise ValueError(f"reward must be 'gold' (VADER) or 'proxy' (the learned reward model), "
                          f"got {reward!r}")
     check_generator(generator)
 
 
 def train_text(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, config: TextTrainConfig, *,
                reward: str = "gold", generator: torch.Generator) -> TextTrainResult:
-    """Train a copy of ``model`` with REINFORCE on the gold reward minus β times the sequence's k1.
+    """Train a copy of ``model`` with REINFORCE on a reward minus β times the sequence's k1.
 
     Each step:
 
     1. sample B = ``config.batch_size`` responses after ``<s>`` from the policy, with the KV cache
        (:func:`~kltutorial.textrlhf.generation.sample_responses`); the end token is an action, the
        positions after it are masked;
-    2. score the decoded responses with the gold reward (:func:`~kltutorial.textrlhf.gold_reward`);
+    2. score the decoded responses with the gold reward (:func:`~kltutorial.textrlhf.gold_reward`) and
+       the learned proxy (:func:`~kltutorial.textrlhf.load_proxy_reward`), and take ``reward``'s;
     3. the policy's and the reference's logits at every response position, and
        :func:`kltutorial.compute_rlhf_objective` with k1: the REINFORCE loss on
        :math:`r - \\beta \\sum_t \\log(\\pi/\\pi_\\mathrm{ref})` with the leave-one-out baseline, and the
@@ -180,8 +189,9 @@ def train_text(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, confi
         not changed; the policy is a deep copy.
     tokenizer : PreTrainedTokenizerFast
     config : TextTrainConfig
-    reward : {"gold"}
-        The score to train on. Only the gold reward for now; the learned proxy arrives with the chapter.
+    reward : {"gold", "proxy"}
+        The score to train on: VADER itself, or the stored proxy learned from VADER's noisy comparisons
+        (where over-optimisation shows: the proxy rises while the gold falls).
     generator : torch.Generator
         Draws every response, e.g. ``torch.Generator().manual_seed(0)``.
 
@@ -201,6 +211,7 @@ def train_text(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, confi
     reference.requires_grad_(False)
     opt = torch.optim.Adam(policy.parameters(), lr=config.lr)
     bos, eos, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+    proxy = load_proxy_reward()
     records: list[BatchStats] = []
     texts: list[str] = []
     try:
@@ -209,7 +220,8 @@ def train_text(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, confi
             responses = sample_unchecked(policy, bos, eos, pad, config.batch_size, config.max_new_tokens,
                                          generator)
             texts = decode_responses(tokenizer, responses)
-            scores = gold_reward(texts)  # (B,)
+            gold, learned = gold_reward(texts), proxy(texts)  # (B,), (B,)
+            scores = gold if reward == "gold" else learned
             # 3. both models' logits, the objective with k1 in the reward, the exact KL
             train = step < config.steps
             with torch.set_grad_enabled(train):
@@ -219,7 +231,7 @@ def train_text(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, confi
             loss, info = compute_rlhf_objective(policy_logits, reference_logits, responses.tokens, scores,
                                                 responses.mask, config.beta, estimator="k1")
             # 4. record, then update
-            records.append(_stats(policy_logits, reference_logits, responses, eos, texts, scores,
+            records.append(_stats(policy_logits, reference_logits, responses, eos, texts, gold, learned,
                                   info["mean_exact_kl"]))
             if train:
                 opt.zero_grad()
@@ -273,6 +285,7 @@ def evaluate_policy(policy: PreTrainedModel, reference: PreTrainedModel, tokeniz
     batch_size = check_positive_int(batch_size, "batch_size")
     check_generator(generator)
     bos, eos, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+    proxy = load_proxy_reward()
     parts, texts = [], []
     for start in range(0, n, batch_size):
         responses = sample_unchecked(policy, bos, eos, pad, min(batch_size, n - start), max_new_tokens,
@@ -281,7 +294,8 @@ def evaluate_policy(policy: PreTrainedModel, reference: PreTrainedModel, tokeniz
         pl = response_logits(policy, bos, responses.tokens)
         rl = response_logits(reference, bos, responses.tokens)
         kl = exact_kl(pl, rl, responses.mask).sum(-1)  # (b,)
-        stats = _stats(pl, rl, responses, eos, batch_texts, gold_reward(batch_texts), float(kl.mean()))
+        stats = _stats(pl, rl, responses, eos, batch_texts, gold_reward(batch_texts), proxy(batch_texts),
+                       float(kl.mean()))
         parts.append((len(batch_texts), stats))
         texts += batch_texts
     weights = np.array([w for w, _ in parts], dtype=float)
