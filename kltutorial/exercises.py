@@ -31,6 +31,7 @@ checker                   the package's implementation                          
 ``"trajectory_step"``     :func:`kltutorial.studies.dynamics.trajectory_step`   10
 ``"best_of_n_kl_bound"``  :func:`kltutorial.exact.best_of_n_kl_bound`           11
 ``"exact_kl"``            :func:`kltutorial.exact_kl`                           12
+``"distinct_2"``          :func:`kltutorial.textrlhf.distinct_n`, n = 2         11b
 ========================  ====================================================  =======
 
 A new checker is one function that returns its cases, registered with :func:`register_checker`
@@ -634,4 +635,29 @@ def _trajectory_step_cases() -> list[Case]:
         Case("below it, beta = 0.01, a negative kick", step(12.0, 0.01, -0.7, 0.08), atol=1e-12),
         Case("beta = 0: the equilibrium is 18 nats", step(3.0, 0.0, 0.2, 0.5), atol=1e-12),
         Case("a kick that would take the KL below 0: the floor", step(0.1, 1.0, -5.0, 0.08), atol=1e-12),
+    ]
+
+
+def _distinct_2(texts: list[str]) -> float:
+    """:func:`kltutorial.textrlhf.distinct_n` with n = 2 (imported here: :mod:`kltutorial.textrlhf` needs
+    transformers, which the other checkers do not)."""
+    from .textrlhf.metrics import distinct_n
+
+    return distinct_n(texts, 2)
+
+
+@register_checker("distinct_2", _distinct_2, "11b-real-text")
+def _distinct_2_cases() -> list[Case]:
+    """``my_distinct_2(texts)``: distinct pairs of consecutive words over all pairs of the texts (words as
+    :func:`kltutorial.textrlhf.metrics.text_words` reads them: lower case, no punctuation marks); every
+    case has at least one pair."""
+    return [
+        Case("one text, every pair different", {"texts": ["many hands make light work."]}, atol=1e-12),
+        Case("a collapsed batch: one phrase again and again",
+             {"texts": ["love love love", "love love", "love love love love"]}, atol=1e-12),
+        Case("pairs are counted within each text, never across two",
+             {"texts": ["a cat sat", "sat a cat"]}, atol=1e-12),
+        Case("case and punctuation do not make a pair new",
+             {"texts": ["The best, the best!", "the best the BEST."]}, atol=1e-12),
+        Case("a text of one word has no pair", {"texts": ["love", "i love it", "it"]}, atol=1e-12),
     ]

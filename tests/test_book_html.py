@@ -922,10 +922,14 @@ def test_exercises_are_numbered_by_chapter_and_each_has_a_solution(
     name = _name(page)
     numbers = [EXERCISE_TITLE.match(e["title"]) for e in exercises]
     assert all(numbers), f"{name}: exercise titles not numbered 'Exercise N.M': {exercises}"
-    assert all(n.group(1) == reader["chapter"] for n in numbers), (
-        f"{name}: exercises not numbered by the chapter {reader['chapter']}: "
-        f"{[e['title'] for e in exercises]}")
-    assert [int(n.group(2)) for n in numbers] == list(range(1, len(exercises) + 1)), exercises
+    # A chapter's page (section number "11") numbers its exercises from 11.1; a child page ("11.10",
+    # §11b) goes on counting its chapter's: sphinx-exercise numbers per chapter.
+    chapter, _, child = (reader["chapter"] or "").partition(".")
+    assert all(n.group(1) == chapter for n in numbers), (
+        f"{name}: exercises not numbered by the chapter {chapter}: {[e['title'] for e in exercises]}")
+    first = int(numbers[0].group(2)) if numbers else 1
+    assert [int(n.group(2)) for n in numbers] == list(range(first, first + len(exercises))), exercises
+    assert first == 1 or child, f"{name}: a chapter's own exercises start at {chapter}.1: {exercises}"
     assert all(e["id"].startswith("ex-") for e in exercises), (
         f"{name}: every exercise needs a :label: (ex-...), to be linked: {exercises}")
     assert len(solutions) == len(exercises), f"{name}: {len(exercises)} exercises, {len(solutions)} solutions"

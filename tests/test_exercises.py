@@ -502,6 +502,51 @@ READERS.update(_READERS_10_12)
 WRONG = [*WRONG, *_WRONG_10_12]
 
 
+
+# --- The real-text chapter: distinct_2 ------------------------------------------------------------------
+
+
+def _distinct_2_reader(texts):
+    from kltutorial.textrlhf.metrics import text_words
+
+    pairs = [tuple(ws[i : i + 2]) for t in texts for ws in [text_words(t)] for i in range(len(ws) - 1)]
+    return len(set(pairs)) / len(pairs)
+
+
+def _distinct_2_across_texts(texts):  # joins the batch into one text: pairs across the seams
+    from kltutorial.textrlhf.metrics import text_words
+
+    ws = [w for t in texts for w in text_words(t)]
+    pairs = [tuple(ws[i : i + 2]) for i in range(len(ws) - 1)]
+    return len(set(pairs)) / len(pairs)
+
+
+def _distinct_2_raw_split(texts):  # splits on spaces: "best," and "best" are different words
+    pairs = [tuple(ws[i : i + 2]) for t in texts for ws in [t.split()] for i in range(len(ws) - 1)]
+    return len(set(pairs)) / len(pairs)
+
+
+def _distinct_2_per_text(texts):  # averages each text's own ratio
+    from kltutorial.textrlhf.metrics import text_words
+
+    ratios = []
+    for t in texts:
+        ws = text_words(t)
+        pairs = [tuple(ws[i : i + 2]) for i in range(len(ws) - 1)]
+        if pairs:
+            ratios.append(len(set(pairs)) / len(pairs))
+    return float(np.mean(ratios))
+
+
+PACKAGE["distinct_2"] = exr._distinct_2
+READERS["distinct_2"] = _distinct_2_reader
+WRONG = [*WRONG,
+         ("distinct_2", _distinct_2_across_texts, "wrong", 2, "expected 0.1666666667, got 0.125"),
+         ("distinct_2", _distinct_2_raw_split, "wrong", 4, "expected 0.3333333333, got 1 "),
+         ("distinct_2", _distinct_2_per_text, "wrong", 2, "expected 0.1666666667, got 0.6111111111")]
+
+
+
 # --- every checker, each section's block included (so these run after the blocks extend the tables)
 
 
@@ -529,3 +574,4 @@ def test_a_plausible_wrong_answer_is_rejected_on_the_case_that_exposes_it(name, 
     assert any(line.lstrip().startswith("got") for line in lines)
     assert phrase in result.message, result.message
     assert all(len(line) <= WIDTH for line in lines), lines
+

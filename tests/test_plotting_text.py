@@ -58,7 +58,7 @@ def test_text_runs_draws_gold_kl_and_distinct_2_per_run():
         plotting.plot_text_runs({"x": object()})
 
 
-def test_overoptimisation_draws_proxy_and_gold_against_kl_and_marks_the_peaks():
+def test_overoptimisation_draws_proxy_and_gold_per_step_and_marks_the_peaks():
     runs = {"β = 0": _run(0.0), "β = 0.05": _run(0.05)}
     axes = plotting.plot_text_overoptimisation(runs, {"β = 0": 3})
     for ax, field in zip(axes, ("proxy", "gold"), strict=True):
@@ -66,9 +66,9 @@ def test_overoptimisation_draws_proxy_and_gold_against_kl_and_marks_the_peaks():
         paths = [line for line in lines if line.get_linestyle() != "None"]
         marks = [line for line in lines if line.get_linestyle() == "None"]
         assert len(paths) == 2 and len(marks) == 1
-        assert np.array_equal(paths[1].get_xdata(), runs["β = 0.05"].kl)
+        assert np.array_equal(paths[1].get_xdata(), np.arange(7))
         assert np.array_equal(paths[1].get_ydata(), getattr(runs["β = 0.05"], field))
-        assert marks[0].get_xdata()[0] == 3.0 and marks[0].get_ydata()[0] == getattr(runs["β = 0"], field)[3]
+        assert marks[0].get_xdata()[0] == 3 and marks[0].get_ydata()[0] == getattr(runs["β = 0"], field)[3]
     with pytest.raises(ValueError, match="labels that are not runs"):
         plotting.plot_text_overoptimisation(runs, {"β = 1": 0})
 

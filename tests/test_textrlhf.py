@@ -511,3 +511,38 @@ def test_gold_peak_reads_the_running_mean() -> None:
         running_mean(gold.reshape(7, 1), 2)
     with pytest.raises(TypeError, match="TextTrainResult"):
         gold_peak(object())
+
+
+def test_next_word_shift_ranks_the_words_the_policy_raised_most(pretrained) -> None:
+    model, tok = pretrained
+    policy = _perturbed(model, seed=4, scale=0.05)
+    shifts = text.next_word_shift(policy, model, tok, "the", top=3)
+    ids = torch.tensor([[tok.bos_token_id, *tok("the", add_special_tokens=False).input_ids]])
+    with torch.no_grad():
+        p = torch.softmax(policy(input_ids=ids).logits[0, -1].double(), -1)
+        q = torch.softmax(model(input_ids=ids).logits[0, -1].double(), -1)
+    best = torch.topk(p - q, 3).indices.tolist()
+    assert [s.word for s in shifts] == tok.convert_ids_to_tokens(best)
+    assert [s.policy for s in shifts] == [float(p[i]) for i in best]
+    assert [s.reference for s in shifts] == [float(q[i]) for i in best]
+    assert shifts[0].policy - shifts[0].reference >= shifts[-1].policy - shifts[-1].reference > 0
+    first = text.next_word_shift(policy, model, tok, "", top=1)  # the first word: after <s> alone
+    assert len(first) == 1
+    with pytest.raises(TypeError, match="prefix must be a str"):
+        text.next_word_shift(policy, model, tok, None)
+    with pytest.raises(ValueError, match="top"):
+        text.next_word_shift(policy, model, tok, "the", top=0)
+
+
+def test_token_kl_in_batches_keeps_the_order_and_the_values(corpus, pretrained) -> None:
+    """More texts than one forward pass takes (128), of every length: the same rows, in the order given,
+    as each text scored on its own."""
+    model, tok = pretrained
+    policy = _perturbed(model, seed=5)
+    texts = corpus.validation[:300]
+    together = text.token_kl(policy, model, tok, texts)
+    assert len(together) == 300
+    for i in (0, 1, 127, 128, 200, 299):
+        [alone] = text.token_kl(policy, model, tok, [texts[i]])
+        assert together[i].tokens == alone.tokens
+        assert np.allclose(together[i].kl, alone.kl, atol=1e-5)

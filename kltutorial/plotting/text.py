@@ -2,8 +2,8 @@
 
 * :func:`plot_text_runs`: the gold reward, the exact KL and the word distinct-2 at every step of runs at
   several β;
-* :func:`plot_text_overoptimisation`: the learned proxy and the gold against the KL, step by step, for
-  runs trained on the proxy, a step of each (where its gold peaks) marked;
+* :func:`plot_text_overoptimisation`: the learned proxy and the gold at every step of runs trained on
+  the proxy, a step of each (where its gold peaks) marked;
 * :func:`plot_token_kl_text`: texts written out word by word, each word shaded by the KL at its position.
 
 They take objects with array attributes (``TextTrainResult``, ``TokenKL``), never a model.
@@ -19,6 +19,7 @@ from matplotlib import colors as mcolors
 from matplotlib import pyplot as plt
 
 from .diagnostics import HEATMAP_CMAP
+from .experiment import _legend_below
 from .style import REFERENCE_COLOR, beta_styles, fig_size, new_axes, new_axes_grid
 
 __all__ = ["plot_text_runs", "plot_text_overoptimisation", "plot_token_kl_text", "word_label"]
@@ -51,10 +52,10 @@ def plot_text_runs(runs: Mapping[str, Any], *, axes: Any = None, title: str | No
     """
     _check_runs(runs, "runs on the gold reward")
     styles = beta_styles([run.config.beta for run in runs.values()])
-    flat = new_axes_grid(axes, 1, 3, figsize=fig_size(3.6), sharex=True)
-    panels = (("gold", "gold reward (VADER)", "the gold reward"),
-              ("kl", "KL(π_θ ‖ π_ref) of a response (nats)", "the KL from the base model"),
-              ("distinct_2", "distinct-2 of a batch of 64", "variety: distinct word pairs"))
+    flat = new_axes_grid(axes, 1, 3, figsize=fig_size(4.0), sharex=True)
+    panels = (("gold", "gold reward (VADER)", "reward"),
+              ("kl", "KL(π_θ ‖ π_ref) of a response (nats)", "KL from the base model"),
+              ("distinct_2", "distinct-2 of a batch of 64", "variety"))
     for ax, (field, ylabel, panel_title) in zip(flat, panels, strict=True):
         for (label, run), st in zip(runs.items(), styles, strict=True):
             values = np.asarray(getattr(run, field), dtype=float)
@@ -64,7 +65,7 @@ def plot_text_runs(runs: Mapping[str, Any], *, axes: Any = None, title: str | No
         ax.set_ylabel(ylabel)
         ax.set_title(panel_title)
     flat[1].set_yscale("symlog", linthresh=1.0)
-    flat[0].legend(fontsize=9, loc="best")
+    _legend_below(flat[0], ncol=len(runs))
     if title:
         flat[0].figure.suptitle(title)
     return flat
@@ -73,7 +74,7 @@ def plot_text_runs(runs: Mapping[str, Any], *, axes: Any = None, title: str | No
 def plot_text_overoptimisation(runs: Mapping[str, Any], peaks: Mapping[str, int] | None = None, *,
                                axes: Any = None, title: str | None = None) -> np.ndarray:
     """Runs trained on the learned proxy: the proxy's score (left) and the gold's (right) of each batch
-    against its exact KL, step by step, with each run's ``peaks`` step marked on both.
+    against the step, with each run's ``peaks`` step marked on both.
 
     Parameters
     ----------
@@ -94,23 +95,22 @@ def plot_text_overoptimisation(runs: Mapping[str, Any], peaks: Mapping[str, int]
     if unknown:
         raise ValueError(f"peaks: labels that are not runs: {unknown}")
     styles = beta_styles([run.config.beta for run in runs.values()])
-    flat = new_axes_grid(axes, 1, 2, figsize=fig_size(3.8), sharex=True)
+    flat = new_axes_grid(axes, 1, 2, figsize=fig_size(4.0), sharex=True)
     for ax, field in zip(flat, ("proxy", "gold"), strict=True):
         for (label, run), st in zip(runs.items(), styles, strict=True):
-            kl, values = np.asarray(run.kl, dtype=float), np.asarray(getattr(run, field), dtype=float)
-            ax.plot(kl, values, color=st["color"], linestyle=st["linestyle"], linewidth=0.9, alpha=0.85,
-                    label=label)
+            values = np.asarray(getattr(run, field), dtype=float)
+            steps = np.arange(len(values))
+            ax.plot(steps, values, color=st["color"], linestyle=st["linestyle"], linewidth=1.0, label=label)
             if label in peaks:
                 step = int(peaks[label])
-                ax.plot(kl[step], values[step], color=st["color"], marker=st["marker"], markersize=9,
+                ax.plot(steps[step], values[step], color=st["color"], marker=st["marker"], markersize=9,
                         markeredgecolor="black", markeredgewidth=0.8, linestyle="none")
-        ax.set_xlabel("KL(π_θ ‖ π_ref) (nats)")
-        ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_xlabel("training step")
     flat[0].set_ylabel("learned proxy reward")
     flat[0].set_title("what the policy is trained on")
     flat[1].set_ylabel("gold reward (VADER)")
     flat[1].set_title("what was wanted")
-    flat[0].legend(fontsize=9, loc="best")
+    _legend_below(flat[0], ncol=len(runs))
     if title:
         flat[0].figure.suptitle(title)
     return flat
@@ -166,6 +166,8 @@ def plot_token_kl_text(rows: Sequence[Any], *, labels: Sequence[str] | None = No
             x += _width(label, renderer, to_axes) + 0.01
         for token, kl in zip(row.tokens, row.kl, strict=True):
             word = word_label(token)
+            if token.startswith("##"):  # a punctuation mark: against the word before
+                x -= 0.004
             shade = cmap(norm(float(kl)))
             dark = mcolors.rgb_to_hsv(shade[:3])[2] < 0.6
             t = ax.text(x, i, word, va="center", ha="left", fontsize=10, transform=ax.get_yaxis_transform(),

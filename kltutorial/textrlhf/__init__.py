@@ -52,7 +52,15 @@ except ImportError as err:  # pragma: no cover - the requirements install both
 
 from .config import TEXT_BETAS, TextTrainConfig
 from .corpus import Corpus, load_corpus
-from .generation import Responses, TokenKL, decode_responses, sample_responses, token_kl
+from .generation import (
+    Responses,
+    TokenKL,
+    WordShift,
+    decode_responses,
+    next_word_shift,
+    sample_responses,
+    token_kl,
+)
 from .metrics import corpus_ngrams, corpus_share, distinct_n
 from .model import PRETRAINED_DIR, load_pretrained, pretrained_metadata
 from .pretrain import PretrainConfig, perplexity, pretrain
@@ -81,6 +89,8 @@ __all__ = [
     "decode_responses",
     "sample_responses",
     "token_kl",
+    "WordShift",
+    "next_word_shift",
     "corpus_ngrams",
     "corpus_share",
     "distinct_n",

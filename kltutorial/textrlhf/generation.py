@@ -22,7 +22,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 from .._validation import check_generator, check_positive_int
 from ..logprobs import exact_kl
 
-__all__ = ["Responses", "sample_responses", "response_logits", "decode_responses", "TokenKL", "token_kl"]
+__all__ = ["Responses", "sample_responses", "response_logits", "decode_responses", "TokenKL", "token_kl",
+           "WordShift", "next_word_shift"]
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,9 @@ class TokenKL:
         return float(self.kl.sum())
 
 
+_TOKEN_KL_BATCH = 128  # texts per forward pass in token_kl
+
+
 @torch.no_grad()
 def token_kl(policy: PreTrainedModel, reference: PreTrainedModel, tokenizer: PreTrainedTokenizerFast,
              texts: Sequence[str], *, end: bool = True) -> list[TokenKL]:
@@ -219,13 +223,54 @@ def token_kl(policy: PreTrainedModel, reference: PreTrainedModel, tokenizer: Pre
         return []
     if any(len(r) == 0 for r in rows):
         raise ValueError("a text of texts has no token and end=False: nothing to score")
-    T = max(map(len, rows))
-    tokens = torch.full((len(rows), T), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), T, dtype=torch.bool)
-    for i, r in enumerate(rows):
-        tokens[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = True
     bos = tokenizer.bos_token_id
-    kl = exact_kl(response_logits(policy, bos, tokens), response_logits(reference, bos, tokens), mask)
-    return [TokenKL(tuple(tokenizer.convert_ids_to_tokens(r)), kl[i, : len(r)].numpy())
-            for i, r in enumerate(rows)]
+    out: list[TokenKL | None] = [None] * len(rows)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))  # batches of similar length: less padding
+    for start in range(0, len(order), _TOKEN_KL_BATCH):
+        part = order[start : start + _TOKEN_KL_BATCH]
+        T = max(len(rows[i]) for i in part)
+        tokens = torch.full((len(part), T), tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros(len(part), T, dtype=torch.bool)
+        for j, i in enumerate(part):
+            tokens[j, : len(rows[i])] = torch.tensor(rows[i])
+            mask[j, : len(rows[i])] = True
+        kl = exact_kl(response_logits(policy, bos, tokens), response_logits(reference, bos, tokens), mask)
+        for j, i in enumerate(part):
+            out[i] = TokenKL(tuple(tokenizer.convert_ids_to_tokens(rows[i])), kl[j, : len(rows[i])].numpy())
+    return out
+
+
+@dataclass(frozen=True)
+class WordShift:
+    """One next word, its probability under the policy and under the reference."""
+
+    word: str
+    policy: float
+    reference: float
+
+
+@torch.no_grad()
+def next_word_shift(policy: PreTrainedModel, reference: PreTrainedModel, tokenizer: PreTrainedTokenizerFast,
+                    prefix: str, *, top: int = 5) -> list[WordShift]:
+    """The ``top`` next words whose probability the policy raised most over the reference's after
+    ``<s>`` and ``prefix`` (``""``: the first word), largest rise first: where a position's KL comes from.
+
+    Examples
+    --------
+    >>> from kltutorial.textrlhf import load_pretrained
+    >>> model, tok = load_pretrained()
+    >>> [s.policy == s.reference for s in next_word_shift(model, model, tok, "many hands", top=2)]
+    [True, True]
+    """
+    check_model(policy, "policy")
+    check_model(reference, "reference")
+    check_tokenizer(tokenizer)
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str (\"\" for the first word), got {type(prefix).__name__}")
+    top = check_positive_int(top, "top")
+    ids = torch.tensor([[tokenizer.bos_token_id, *tokenizer(prefix, add_special_tokens=False).input_ids]])
+    p = torch.softmax(policy(input_ids=ids).logits[0, -1].double(), -1)
+    q = torch.softmax(reference(input_ids=ids).logits[0, -1].double(), -1)
+    order = torch.argsort(p - q, descending=True)[:top].tolist()
+    words = tokenizer.convert_ids_to_tokens(order)
+    return [WordShift(w, float(p[i]), float(q[i])) for w, i in zip(words, order, strict=True)]

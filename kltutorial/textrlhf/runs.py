@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -36,6 +35,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from .cli import machine
 from .config import TEXT_BETAS, TextTrainConfig
 from .model import load_pretrained
 from .trainer import FIELDS, TextTrainResult, train_text
@@ -102,8 +102,7 @@ def write_runs(runs: Mapping[str, TextTrainResult], path: str | Path, *, command
     meta = {"runs": entries, "command": command,
             "versions": {name: metadata.version(name) for name in ("torch", "transformers", "numpy",
                                                                   "vaderSentiment")},
-            "machine": f"{platform.machine()}, {platform.processor() or 'unknown CPU'}, "
-                       f"{torch.get_num_threads()} torch thread(s)",
+            "machine": machine(),
             "date": datetime.date.today().isoformat()}
     arrays["metadata"] = np.array(json.dumps(meta))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
