@@ -7,6 +7,7 @@ its training, the stored model and its recorded accuracies) and the stored runs 
 from __future__ import annotations
 
 import copy
+import pathlib
 import re
 import socket
 
@@ -546,3 +547,24 @@ def test_token_kl_in_batches_keeps_the_order_and_the_values(corpus, pretrained) 
         [alone] = text.token_kl(policy, model, tok, [texts[i]])
         assert together[i].tokens == alone.tokens
         assert np.allclose(together[i].kl, alone.kl, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gold-0.05", "proxy-0"])
+def test_the_stored_runs_are_what_the_code_trains(pretrained, name) -> None:
+    """book/data/text-runs.npz, checked against the code: the first 3 steps of a run trained again agree
+    with the stored record. Bit for bit on the machine that wrote the file (one torch thread); the sampled
+    words depend on the last bits of the arithmetic, so on another CPU regenerate the file with the
+    command it records."""
+    from kltutorial.textrlhf import runs as runs_module
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "book" / "data" / "text-runs.npz"
+    meta = runs_module.read_metadata(path)
+    assert meta["command"] == "python -m kltutorial.textrlhf.runs book/data/text-runs.npz"
+    assert [r["name"] for r in meta["runs"]] == list(runs_module.BOOK_RUNS)
+    stored = runs_module.read_runs(path)[name]
+    model, tok = pretrained
+    live = runs_module.train_book_run(name, model, tok, steps=3)
+    gap = runs_module.largest_difference(live, stored, 3)
+    assert gap < 1e-4, (f"{name}: the first steps trained today differ from the stored run by {gap:.3g} "
+                        f"nats (stored on {meta['machine']}, {meta['date']}); if the training code "
+                        f"changed, regenerate: {meta['command']}")
