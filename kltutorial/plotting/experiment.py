@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
-from matplotlib.layout_engine import ConstrainedLayoutEngine
 
 from .._validation import check_positive
 from .controllers import ControlTrace, plot_control_panels
@@ -35,6 +34,7 @@ from .style import (
     beta_colors,
     beta_styles,
     fig_size,
+    figure_legend_below,
     new_axes,
     new_axes_grid,
     series_style,
@@ -51,21 +51,6 @@ __all__ = [
     "plot_recipe_fixed_points",
     "plot_trl_kl",
 ]
-
-
-def _legend_below(ax: Axes, ncol: int) -> None:
-    """Move the legend of ``ax`` (its labelled artists) under the figure's panels, in ``ncol`` columns.
-
-    With constrained layout (the house style) the figure grows to make room; otherwise the legend
-    sits at the bottom edge.
-    """
-    handles, labels = ax.get_legend_handles_labels()
-    if ax.get_legend() is not None:
-        ax.get_legend().remove()
-    fig = ax.figure
-    constrained = isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
-    fig.legend(handles, labels, loc="outside lower center" if constrained else "lower center",
-               ncol=min(ncol, len(labels)), fontsize=9)
 
 
 def plot_toy_frontier(
@@ -112,7 +97,7 @@ def plot_toy_frontier(
         ax.set_ylabel(f"expected {name} reward (reward units)")
         ax.set_title(f"{name} reward" + (" (what training optimises)" if key == "proxy"
                                           else " (what we wanted)"))
-    _legend_below(flat[0], ncol=4 if points is not None else 2)
+    figure_legend_below(flat[0], ncol=4 if points is not None else 2)
     if title:
         flat[0].figure.suptitle(title)
     return flat
@@ -210,7 +195,7 @@ def plot_data_sweep(
     ax.set_xlabel("KL(π*_β ‖ π_ref) (nats)")
     ax.set_ylabel("expected gold reward (reward units)")
     ax.set_title("gold reward of π*_β (markers: peaks)")
-    _legend_below(ax, ncol=3)
+    figure_legend_below(ax, ncol=3)
     s0, s1 = series_style(0), series_style(1)
     ax_peak.plot(n_pairs, kl[rows, peak], color=s0["color"], marker=s0["marker"],
                  label="KL at the peak (nats)")
@@ -284,7 +269,7 @@ def plot_toy_controllers(
     panels[0, 1].set_ylabel("β, log scale\n(reward units per nat)")
     panels[1, 1].set_ylabel(f"proxy − {beta0:g}·KL\n(reward units)")
     panels[1, 1].set_title(f"proxy penalised at β₀ = {beta0:g}")
-    _legend_below(panels[0, 0], ncol=3)
+    figure_legend_below(panels[0, 0], ncol=3)
     return panels
 
 
@@ -405,7 +390,7 @@ def plot_training_paths(
         ax.set_ylabel(f"expected {key} reward (reward units)")
         ax.set_title(f"{key} reward at every step (markers: last step)")
     flat[0].set_title("proxy reward at every step")
-    _legend_below(flat[0], ncol=4)
+    figure_legend_below(flat[0], ncol=4)
     if title:
         flat[0].figure.suptitle(title)
     return flat
@@ -508,7 +493,7 @@ def plot_recipe_fixed_points(
     ax.set_ylabel("expected gold reward (reward units)")
     if title:
         ax.set_title(title)
-    _legend_below(ax, ncol=2)
+    figure_legend_below(ax, ncol=2)
     return ax
 
 
@@ -556,5 +541,5 @@ def plot_trl_kl(
     ax.set_xlabel("training step")
     ax.set_ylabel("KL per token (nats)")
     ax.set_title(title or "TRL's kl beside the exact KL")
-    _legend_below(ax, ncol=1)
+    figure_legend_below(ax, ncol=1)
     return ax

@@ -29,11 +29,13 @@ from cycler import cycler
 from matplotlib.axes import Axes
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
+from matplotlib.layout_engine import ConstrainedLayoutEngine
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from matplotlib.transforms import ScaledTranslation
 
 __all__ = [
     "FIG_WIDTH",
+    "figure_legend_below",
     "fig_size",
     "PALETTE",
     "LINESTYLES",
@@ -312,3 +314,18 @@ def plot_median_band(
     if samples.shape[0] > 1:
         ax.fill_between(x, q_lo, q_hi, color=line.get_color(), alpha=band_alpha, linewidth=0)
     return ax
+
+
+def figure_legend_below(ax: Axes, ncol: int) -> None:
+    """Move the legend of ``ax`` (its labelled artists) under the figure's panels, in ``ncol`` columns.
+
+    With constrained layout (the house style) the figure grows to make room; otherwise the legend
+    sits at the bottom edge.
+    """
+    handles, labels = ax.get_legend_handles_labels()
+    if ax.get_legend() is not None:
+        ax.get_legend().remove()
+    fig = ax.figure
+    constrained = isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
+    fig.legend(handles, labels, loc="outside lower center" if constrained else "lower center",
+               ncol=min(ncol, len(labels)), fontsize=9)

@@ -19,8 +19,7 @@ from matplotlib import colors as mcolors
 from matplotlib import pyplot as plt
 
 from .diagnostics import HEATMAP_CMAP
-from .experiment import _legend_below
-from .style import REFERENCE_COLOR, beta_styles, fig_size, new_axes, new_axes_grid
+from .style import REFERENCE_COLOR, beta_styles, fig_size, figure_legend_below, new_axes, new_axes_grid
 
 __all__ = ["plot_text_runs", "plot_text_overoptimisation", "plot_token_kl_text", "word_label"]
 
@@ -65,7 +64,7 @@ def plot_text_runs(runs: Mapping[str, Any], *, axes: Any = None, title: str | No
         ax.set_ylabel(ylabel)
         ax.set_title(panel_title)
     flat[1].set_yscale("symlog", linthresh=1.0)
-    _legend_below(flat[0], ncol=len(runs))
+    figure_legend_below(flat[0], ncol=len(runs))
     if title:
         flat[0].figure.suptitle(title)
     return flat
@@ -110,7 +109,7 @@ def plot_text_overoptimisation(runs: Mapping[str, Any], peaks: Mapping[str, int]
     flat[0].set_title("what the policy is trained on")
     flat[1].set_ylabel("gold reward (VADER)")
     flat[1].set_title("what was wanted")
-    _legend_below(flat[0], ncol=len(runs))
+    figure_legend_below(flat[0], ncol=len(runs))
     if title:
         flat[0].figure.suptitle(title)
     return flat

@@ -51,7 +51,7 @@ def model_config(vocab_size: int, *, hidden_size: int = 128, num_layers: int = 2
 
 
 @contextmanager
-def _no_progress_bars() -> Iterator[None]:
+def no_progress_bars() -> Iterator[None]:
     """transformers' progress bars off ("Loading weights: 100%" has no place in a notebook's output), and
     back as they were after."""
     was = hf_logging.is_progress_bar_enabled()
@@ -69,7 +69,7 @@ def save_pretrained(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast,
     ``directory``; the model passed in is left in its own precision."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    with _no_progress_bars():
+    with no_progress_bars():
         copy.deepcopy(model).to(torch.float16).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     (directory / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf8")
@@ -101,7 +101,7 @@ def load_pretrained(directory: str | Path | None = None) -> tuple[LlamaForCausal
         raise FileNotFoundError(
             f"no stored model in {directory}: run `python -m kltutorial.textrlhf pretrain` to write one"
         )
-    with _no_progress_bars():
+    with no_progress_bars():
         model = LlamaForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(directory, local_files_only=True)
     model.eval()

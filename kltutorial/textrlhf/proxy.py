@@ -38,7 +38,7 @@ from transformers import LlamaForCausalLM, LlamaForSequenceClassification, PreTr
 from .._validation import check_generator
 from ..toyrlhf.config import check_field
 from .generation import check_model, check_tokenizer, decode_responses, sample_unchecked
-from .model import _no_progress_bars
+from .model import no_progress_bars
 from .pretrain import encode_quotes
 from .reward import gold_reward
 
@@ -294,7 +294,7 @@ def save_proxy(proxy: ProxyReward, directory: Path, metadata: dict[str, Any]) ->
     """Write the reward model (float16 safetensors), the tokenizer and ``metadata`` (``proxy.json``)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    with _no_progress_bars():
+    with no_progress_bars():
         copy.deepcopy(proxy.model).to(torch.float16).save_pretrained(directory)
     proxy.tokenizer.save_pretrained(directory)
     (directory / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf8")
@@ -317,7 +317,7 @@ def load_proxy_reward(directory: str | Path | None = None) -> ProxyReward:
         raise FileNotFoundError(
             f"no stored proxy reward in {directory}: run `python -m kltutorial.textrlhf proxy` to write one"
         )
-    with _no_progress_bars():
+    with no_progress_bars():
         model = LlamaForSequenceClassification.from_pretrained(directory, local_files_only=True,
                                                                dtype=torch.float32)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(directory, local_files_only=True)
