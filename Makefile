@@ -97,15 +97,15 @@ book-executed: $(STAMP)
 # The environment and Chromium install side by side (pip and apt: downloads, mostly). nbval runs
 # first, as the strict build shows its timings on the status page; then the unit tests (two workers)
 # beside the strict build (one process) and the JupyterLab check (it reads the notebooks, not the
-# HTML); then the browser checks (two processes, one per width) beside the PDF. Each step keeps both
-# cores busy to its end: on 2 cores the whole run needs about 1,100 core-seconds.
+# HTML); then the browser checks (two processes, one per width) beside the PDF and its checks (which
+# run while the browser checks finish). Each step keeps both cores busy to its end: on 2 cores the
+# whole run needs about 1,100 core-seconds.
 test:
 	$(MAKE) --no-print-directory -j2 --output-sync=target venv chromium
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory nbval
 	$(MAKE) --no-print-directory -j3 --output-sync=target unit-tests book-verified lab-check
-	$(MAKE) --no-print-directory -j2 --output-sync=target html-check pdf
-	$(MAKE) --no-print-directory pdf-tests
+	$(MAKE) --no-print-directory -j2 --output-sync=target html-check pdf-check
 
 # Ruff over the package, the tests, the tools and the notebooks' code (pyproject.toml, book/ruff.toml).
 lint: $(STAMP)
@@ -207,13 +207,14 @@ pdf: $(STAMP) chromium
 	rm -f conf.py
 	$(BIN)/python tools/book_pdf.py $(PDF_DIR)/html $(PDF_DIR)/book.pdf
 
-# The PDF built, then read back (pdf-tests).
+# The PDF built (make pdf), then read back by tests/test_book_pdf.py as make pdf-tests does: pages,
+# chapter titles in order, figure captions, no raw MyST or TeX, links inside it. make test runs it
+# beside the browser checks, so that the PDF's checks run while those finish.
 pdf-check: $(STAMP) pdf
 	$(call pytest_strict,tests/test_book_pdf.py -m pdf)
 
 # The PDF read back (tests/test_book_pdf.py: pages, chapter titles in order, figure captions, no raw
-# MyST or TeX, links inside it), as it is: make test builds it beside the browser checks (make -j2,
-# as each of the two keeps about one core busy) and then runs this.
+# MyST or TeX, links inside it), as it is (make pdf-check builds it first).
 pdf-tests: $(STAMP)
 	$(call pytest_strict,tests/test_book_pdf.py -m pdf)
 

@@ -245,5 +245,5 @@ def test_status_lists_the_steps_of_make_test(status: str) -> None:
     items = [_text(item) for item in re.findall(r"<li>(.*?)</li>", _section(status, "status-ci"), re.DOTALL)]
     shown = [match.group(1) for match in (re.match(r"make ([\w-]+)\s*:", item) for item in items) if match]
     assert shown == steps, f"the page lists {shown}; make test runs {steps}"
-    for step in ("nbval", "book-verified", "html-check", "pdf", "pdf-tests"):
+    for step in ("nbval", "book-verified", "html-check", "pdf-check"):
         assert step in shown, step
