@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from .. import exact as ex
+from .._npz_store import read_npz_metadata, write_npz
 from ..controllers import (
     AdaptiveKLController,
     DoublingKLController,
@@ -235,16 +236,12 @@ def write_runs(runs: Mapping[str, TrainResult | rc.RecipeResult], path: str | Pa
             "machine": f"{platform.machine()}, {platform.processor() or 'unknown CPU'}, "
                        f"{torch.get_num_threads()} torch thread(s)",
             "date": datetime.date.today().isoformat()}
-    arrays["metadata"] = np.array(json.dumps(meta))
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as handle:
-        np.savez_compressed(handle, **arrays)
+    write_npz(path, arrays, meta)
 
 
 def read_metadata(path: str | Path) -> dict:
     """The command, versions, machine, date and run names stored with the runs at ``path``."""
-    with np.load(path) as data:
-        return json.loads(str(data["metadata"]))
+    return read_npz_metadata(path)
 
 
 def read_runs(path: str | Path, task: ToyTask) -> dict[str, TrainResult | rc.RecipeResult]:

@@ -101,12 +101,7 @@ def _pretrain(args: argparse.Namespace, argv: Sequence[str]) -> dict:
     out = Path(args.out)
     tok = result.tokenizer
     metadata = {
-        "command": "python -m kltutorial.textrlhf " + shlex.join(argv),
-        "machine": machine(),
-        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
-        "versions": _versions(),
-        "seed": args.seed,
-        "config": asdict(config),
+        **_provenance(argv, args.seed, config),
         "parameters": sum(p.numel() for p in result.model.parameters()),
         "vocabulary": len(tok),
         "corpus": {
@@ -139,12 +134,7 @@ def _proxy(args: argparse.Namespace, argv: Sequence[str]) -> dict:
     base, tok = load_pretrained(args.model)
     result = train_proxy(base, tok, config, generator=torch.Generator().manual_seed(args.seed), progress=True)
     metadata = {
-        "command": "python -m kltutorial.textrlhf " + shlex.join(argv),
-        "machine": machine(),
-        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
-        "versions": _versions(),
-        "seed": args.seed,
-        "config": asdict(config),
+        **_provenance(argv, args.seed, config),
         "parameters": sum(p.numel() for p in result.proxy.model.parameters()),
         "epoch_validation_loss": [round(x, 4) for x in result.validation_loss],
         "best_epoch": result.best_epoch,
@@ -160,6 +150,19 @@ def _proxy(args: argparse.Namespace, argv: Sequence[str]) -> dict:
     save_proxy(proxy, out, metadata)
     print(json.dumps(metadata["validation"], indent=1))
     return metadata
+
+
+def _provenance(argv: Sequence[str], seed: int, config: object) -> dict:
+    """What a stored model records of how it was made: the command, machine, date, versions, seed and
+    the configuration."""
+    return {
+        "command": "python -m kltutorial.textrlhf " + shlex.join(argv),
+        "machine": machine(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "versions": _versions(),
+        "seed": seed,
+        "config": asdict(config),
+    }
 
 
 def _unknown_share(tok, texts: Sequence[str]) -> float:

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from .._npz_store import read_npz_metadata, write_npz
 from .cli import machine
 from .config import TEXT_BETAS, TextTrainConfig
 from .model import load_pretrained
@@ -104,16 +105,12 @@ def write_runs(runs: Mapping[str, TextTrainResult], path: str | Path, *, command
                                                                   "vaderSentiment")},
             "machine": machine(),
             "date": datetime.date.today().isoformat()}
-    arrays["metadata"] = np.array(json.dumps(meta))
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as handle:
-        np.savez_compressed(handle, **arrays)
+    write_npz(path, arrays, meta)
 
 
 def read_metadata(path: str | Path) -> dict:
     """The command, versions, machine, date and runs (names, rewards, configs, samples) stored at ``path``."""
-    with np.load(path) as data:
-        return json.loads(str(data["metadata"]))
+    return read_npz_metadata(path)
 
 
 def read_runs(path: str | Path, model: PreTrainedModel | None = None) -> dict[str, TextTrainResult]:
