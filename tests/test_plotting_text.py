@@ -34,6 +34,7 @@ class Run:  # the attributes of textrlhf.TextTrainResult the figures read
 class Row:  # textrlhf.TokenKL
     tokens: tuple[str, ...]
     kl: np.ndarray
+    k1: np.ndarray | None = None
 
 
 def _run(beta: float, steps: int = 6) -> Run:
@@ -82,8 +83,13 @@ def test_token_kl_text_writes_each_word_on_its_kls_shade():
     expected = plt.get_cmap(HEATMAP_CMAP)(np.array([0.0, 0.5, 1.0, 0.25, 0.125, 1.0]))
     shades = np.array([t.get_bbox_patch().get_facecolor() for t in texts])
     assert np.allclose(shades, expected)
-    xs = [t.get_position()[0] for t in texts[:4]]
-    assert xs == sorted(xs) and len(set(xs)) == 4  # left to right, none on top of another
+    ax.figure.canvas.draw()
+    boxes = [t.get_window_extent() for t in texts[:4]]
+    # left to right on one line, none on top of another, whatever the layout did to the axes
+    assert all(b.x0 > a.x1 for a, b in zip(boxes, boxes[1:], strict=False))
+    assert len({round(b.y0) for b in boxes}) == 1
+    label = next(t for t in ax.texts if t.get_text() == "a").get_window_extent()
+    assert boxes[0].x0 > label.x1
     assert plotting.word_label("##,") == "," and plotting.word_label("love") == "love"
     with pytest.raises(ValueError, match="labels: expected 2"):
         plotting.plot_token_kl_text(rows, labels=["a"])
@@ -91,3 +97,62 @@ def test_token_kl_text_writes_each_word_on_its_kls_shade():
         plotting.plot_token_kl_text([Row(("a",), np.array([0.0]))])
     with pytest.raises(TypeError, match="non-empty sequence of TokenKL"):
         plotting.plot_token_kl_text([])
+    with pytest.raises(ValueError, match="values must be one of"):
+        plotting.plot_token_kl_text(rows, values="k3")
+
+
+def test_token_kl_text_shades_k1_from_its_smallest_to_its_largest_value():
+    rows = [Row(("many", "hands"), np.array([0.0, 1.0]), np.array([-1.0, 3.0])),
+            Row(("i",), np.array([0.5]), np.array([1.0]))]
+    ax = plotting.plot_token_kl_text(rows, values="k1")
+    shades = np.array([t.get_bbox_patch().get_facecolor() for t in ax.texts])
+    assert np.allclose(shades, plt.get_cmap(HEATMAP_CMAP)(np.array([0.0, 1.0, 0.5])))
+    colorbar = ax.figure.axes[-1]
+    assert colorbar.get_xlabel().startswith("k1 = log")
+
+
+def test_position_kl_draws_each_positions_share_and_the_mean_of_the_running_responses():
+    from kltutorial.textrlhf import PositionKL
+
+    profile = PositionKL(kl=np.array([2.0, 0.5, 0.25, 0.0]), running=np.array([1.0, 1.0, 0.5, 0.0]))
+    axes = plotting.plot_position_kl({"β = 0.05": profile, "β = 0": profile})
+    assert len(axes) == 2
+    bars = [p.get_height() for p in axes[0].patches]
+    assert bars == [2.0, 0.5, 0.25, 0.0]
+    [line] = axes[0].get_lines()
+    assert np.array_equal(line.get_xdata(), [1, 2, 3, 4])
+    assert np.allclose(line.get_ydata()[:3], [2.0, 0.5, 0.5]) and np.isnan(line.get_ydata()[3])
+    assert axes[0].get_title() == "β = 0.05: 2.8 nats a response"
+    with pytest.raises(TypeError, match="PositionKL"):
+        plotting.plot_position_kl({"a": np.zeros(3)})
+    with pytest.raises(TypeError, match="non-empty dict"):
+        plotting.plot_position_kl({})
+
+
+@dataclass(frozen=True)
+class TRLRun:  # textrlhf.trl_run.TRLTextResult
+    trl_step: np.ndarray
+    trl_kl: np.ndarray
+    trl_reward: np.ndarray
+    monitor_step: np.ndarray
+    monitor: dict
+
+
+def test_trl_text_run_sets_each_of_trls_numbers_at_the_policy_it_measured():
+    run = TRLRun(trl_step=np.array([1, 2, 3]), trl_kl=np.array([0.0, 0.1, 0.2]),
+                 trl_reward=np.array([0.1, 0.2, 0.3]), monitor_step=np.array([0, 1, 2, 3]),
+                 monitor={"exact_kl_per_token": np.array([0.0, 0.12, 0.18, 0.25])})
+    own = _run(0.05, steps=3)
+    left, right = plotting.plot_trl_text_run(run, own=own)
+    trl_line, exact_line = left.get_lines()
+    assert np.array_equal(trl_line.get_xdata(), [0, 1, 2])  # the policy before each step's update
+    assert np.array_equal(exact_line.get_xdata(), [0, 1, 2, 3])
+    assert np.array_equal(exact_line.get_ydata(), run.monitor["exact_kl_per_token"])
+    trl_gold, own_gold = right.get_lines()
+    assert np.array_equal(trl_gold.get_ydata(), run.trl_reward)
+    assert np.array_equal(own_gold.get_ydata(), own.gold)
+    assert len(plotting.plot_trl_text_run(run)[1].get_lines()) == 1
+    with pytest.raises(TypeError, match="TRLTextResult"):
+        plotting.plot_trl_text_run(own)
+    with pytest.raises(TypeError, match="TextTrainResult"):
+        plotting.plot_trl_text_run(run, own=run)

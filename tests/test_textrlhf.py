@@ -247,6 +247,10 @@ def test_token_kl_equals_a_direct_computation_from_the_logits(pretrained) -> Non
         assert r.tokens == tuple(tok.convert_ids_to_tokens(ids[1:]))
         np.testing.assert_allclose(r.kl, direct, rtol=1e-4, atol=1e-6)
         assert r.total == pytest.approx(direct.sum(), rel=1e-4)
+        chosen = torch.tensor(ids[1:])[:, None]  # the log-ratio at each token of the text itself
+        k1 = (lp.gather(-1, chosen) - lq.gather(-1, chosen)).squeeze(-1).numpy()
+        np.testing.assert_allclose(r.k1, k1, rtol=1e-4, atol=1e-5)
+        assert (r.k1 < 0).any() and (r.k1 > 0).any()  # a sampled log-ratio takes either sign
     assert got[0].tokens[-1] == "</s>" and (got[0].kl > 0).all()
     assert text.token_kl(policy, model, tok, texts, end=False)[0].tokens[-1] == "##."
     assert all((r.kl == 0).all() for r in text.token_kl(model, model, tok, texts))
@@ -254,6 +258,30 @@ def test_token_kl_equals_a_direct_computation_from_the_logits(pretrained) -> Non
         text.token_kl(policy, model, tok, "one text")
     with pytest.raises(TypeError, match="reference"):
         text.token_kl(policy, "model", tok, texts)
+
+
+def test_position_kl_is_the_exact_kl_of_the_policys_own_responses_by_position(pretrained) -> None:
+    model, tok = pretrained
+    policy = _perturbed(model)
+    got = text.position_kl(policy, model, tok, 40, 12, generator=_gen(3))
+    r = text.sample_responses(policy, tok, 40, 12, generator=_gen(3))  # the same draws
+    with torch.no_grad():
+        lp = torch.log_softmax(response_logits(policy, tok.bos_token_id, r.tokens).double(), -1)
+        lq = torch.log_softmax(response_logits(model, tok.bos_token_id, r.tokens).double(), -1)
+    direct = ((lp.exp() * (lp - lq)).sum(-1) * r.mask).mean(0).numpy()  # (T,): ended responses count 0
+    assert got.kl.shape == got.running.shape == (12,)
+    np.testing.assert_allclose(got.kl[: direct.size], direct, rtol=1e-4, atol=1e-7)
+    assert (got.kl[direct.size :] == 0).all()
+    np.testing.assert_allclose(got.running[: direct.size], r.mask.double().mean(0).numpy())
+    assert got.running[0] == 1.0 and np.all(np.diff(got.running) <= 0)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_allclose(got.per_running[: direct.size], direct / r.mask.double().mean(0).numpy(),
+                                   rtol=1e-4)
+    assert float(text.position_kl(model, model, tok, 8, 12, generator=_gen(0)).kl.sum()) == 0.0
+    with pytest.raises(ValueError, match="n must be"):
+        text.position_kl(policy, model, tok, 0, 12, generator=_gen(0))
+    with pytest.raises(TypeError, match="policy"):
+        text.position_kl("policy", model, tok, 8, 12, generator=_gen(0))
 
 
 def test_response_logits_are_those_each_token_was_drawn_from(pretrained) -> None:

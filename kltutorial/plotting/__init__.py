@@ -103,9 +103,11 @@ from .style import (
     use_style,
 )
 from .text import (
+    plot_position_kl,
     plot_text_overoptimisation,
     plot_text_runs,
     plot_token_kl_text,
+    plot_trl_text_run,
     word_label,
 )
 
@@ -166,5 +168,7 @@ __all__ = [
     "plot_text_runs",
     "plot_text_overoptimisation",
     "plot_token_kl_text",
+    "plot_trl_text_run",
+    "plot_position_kl",
     "word_label",
 ]

@@ -53,11 +53,13 @@ except ImportError as err:  # pragma: no cover - the requirements install both
 from .config import TEXT_BETAS, TextTrainConfig
 from .corpus import Corpus, load_corpus
 from .generation import (
+    PositionKL,
     Responses,
     TokenKL,
     WordShift,
     decode_responses,
     next_word_shift,
+    position_kl,
     sample_responses,
     token_kl,
 )
@@ -89,6 +91,8 @@ __all__ = [
     "decode_responses",
     "sample_responses",
     "token_kl",
+    "PositionKL",
+    "position_kl",
     "WordShift",
     "next_word_shift",
     "corpus_ngrams",

@@ -20,10 +20,10 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from .._validation import check_generator, check_positive_int
-from ..logprobs import exact_kl
+from ..logprobs import exact_kl, get_logprobs_for_tokens
 
 __all__ = ["Responses", "sample_responses", "response_logits", "decode_responses", "TokenKL", "token_kl",
-           "WordShift", "next_word_shift"]
+           "PositionKL", "position_kl", "WordShift", "next_word_shift"]
 
 
 @dataclass(frozen=True)
@@ -164,10 +164,14 @@ class TokenKL:
     kl : ndarray, shape (len(tokens),)
         :math:`\\mathrm{KL}(\\pi(\\cdot|y_{<t}) \\| \\pi_\\mathrm{ref}(\\cdot|y_{<t}))` in nats at the
         position of each token: the KL of the distribution that token was drawn from.
+    k1 : ndarray, shape (len(tokens),)
+        :math:`\\log\\pi(y_t|y_{<t}) - \\log\\pi_\\mathrm{ref}(y_t|y_{<t})`, the sampled log-ratio at the
+        token itself (what a trainer logs): its mean over the token given the prefix is ``kl``.
     """
 
     tokens: tuple[str, ...]
     kl: np.ndarray
+    k1: np.ndarray
 
     @property
     def total(self) -> float:
@@ -234,10 +238,83 @@ def token_kl(policy: PreTrainedModel, reference: PreTrainedModel, tokenizer: Pre
         for j, i in enumerate(part):
             tokens[j, : len(rows[i])] = torch.tensor(rows[i])
             mask[j, : len(rows[i])] = True
-        kl = exact_kl(response_logits(policy, bos, tokens), response_logits(reference, bos, tokens), mask)
+        lp, lq = response_logits(policy, bos, tokens), response_logits(reference, bos, tokens)
+        kl = exact_kl(lp, lq, mask)
+        k1 = get_logprobs_for_tokens(lp, tokens) - get_logprobs_for_tokens(lq, tokens)  # (B, T)
         for j, i in enumerate(part):
-            out[i] = TokenKL(tuple(tokenizer.convert_ids_to_tokens(rows[i])), kl[j, : len(rows[i])].numpy())
+            n = len(rows[i])
+            out[i] = TokenKL(tuple(tokenizer.convert_ids_to_tokens(rows[i])), kl[j, :n].numpy(),
+                             k1[j, :n].numpy())
     return out
+
+
+@dataclass(frozen=True)
+class PositionKL:
+    """Where along its own responses a policy's KL goes (:func:`position_kl`).
+
+    Attributes
+    ----------
+    kl : ndarray, shape (T,)
+        Each position's share of the sequence KL: the exact KL of the next-token distributions there,
+        averaged over all the responses, a response that has ended counting 0. It sums to an unbiased
+        estimate of :math:`\\mathrm{KL}(\\pi\\|\\pi_\\mathrm{ref})`.
+    running : ndarray, shape (T,)
+        The share of the responses still running at each position (their end token included).
+    """
+
+    kl: np.ndarray
+    running: np.ndarray
+
+    @property
+    def per_running(self) -> np.ndarray:
+        """The mean KL at each position over the responses still running there (NaN where none is)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.running > 0, self.kl / self.running, np.nan)
+
+
+@torch.no_grad()
+def position_kl(policy: PreTrainedModel, reference: PreTrainedModel, tokenizer: PreTrainedTokenizerFast,
+                n: int, max_new_tokens: int, *, generator: torch.Generator) -> PositionKL:
+    r"""Where along its own responses the policy's KL goes: the exact KL of the two models' next-token
+    distributions at each position of ``n`` responses sampled from ``policy``, averaged over the
+    responses, a response that has ended counting 0.
+
+    .. math:: \bar{\mathrm{KL}}_t = \frac{1}{n}\sum_{i=1}^{n} m_{it}\,
+              \mathrm{KL}\big(\pi(\cdot|y^{(i)}_{<t}) \,\|\, \pi_\mathrm{ref}(\cdot|y^{(i)}_{<t})\big)
+
+    with :math:`m_{it}` = 1 while response :math:`i` runs (its end token included). By the chain rule the
+    profile sums to an unbiased estimate of the sequence KL :math:`\mathrm{KL}(\pi\|\pi_\mathrm{ref})`:
+    each position's share of it.
+
+    Returns
+    -------
+    PositionKL
+        Zeros after the longest response's end.
+
+    Examples
+    --------
+    >>> from kltutorial.textrlhf import load_pretrained
+    >>> model, tok = load_pretrained()
+    >>> profile = position_kl(model, model, tok, 8, 24, generator=torch.Generator().manual_seed(0))
+    >>> profile.kl.shape, float(profile.kl.sum()), float(profile.running[0])
+    ((24,), 0.0, 1.0)
+    """
+    check_model(policy, "policy")
+    check_model(reference, "reference")
+    check_tokenizer(tokenizer)
+    n = check_positive_int(n, "n")
+    max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
+    check_generator(generator)
+    bos = tokenizer.bos_token_id
+    total, running = np.zeros(max_new_tokens), np.zeros(max_new_tokens)
+    for start in range(0, n, _TOKEN_KL_BATCH):
+        r = sample_unchecked(policy, bos, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                             min(_TOKEN_KL_BATCH, n - start), max_new_tokens, generator)
+        kl = exact_kl(response_logits(policy, bos, r.tokens), response_logits(reference, bos, r.tokens),
+                      r.mask)  # (B, T), 0 after a response's end
+        total[: kl.shape[1]] += kl.double().sum(0).numpy()
+        running[: kl.shape[1]] += r.mask.sum(0).numpy()
+    return PositionKL(kl=total / n, running=running / n)
 
 
 @dataclass(frozen=True)
