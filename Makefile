@@ -35,7 +35,7 @@ export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export KLTUTORIAL_HTML_DIR := $(CURDIR)/$(HTML)
 
-.PHONY: help venv book book-executed test lint unit-tests unit-tests-twice nbval nbval-native nbval-second-kernels book-verified html-check html-check-desktop \
+.PHONY: help venv book book-executed test lint unit-tests unit-tests-twice nbval nbval-native nbval-second-kernels book-verified html-check html-check-desktop screenshots \
 	html-check-phone lab-check \
 	chromium notebooks lab clean pdf pdf-check pdf-tests mutation
 
@@ -185,6 +185,11 @@ html-check-desktop: $(STAMP) chromium
 
 html-check-phone: $(STAMP) chromium
 	$(call HTML_CHECK,phone)
+
+# The same checks with every page photographed whole (up to 12,000 px) at both widths, for a person to
+# look through (_build/screenshots/); make test photographs each page's first screen only.
+screenshots: $(STAMP) chromium
+	KLTUTORIAL_FULL_SCREENSHOTS=1 $(MAKE) --no-print-directory html-check
 
 # Open a MyST notebook in the venv's JupyterLab, in Debian's Chromium, and run it; then every chapter
 # of book/ there, its {eval} numbers and figures shown (tests/test_jupyterlab.py). It reads the

@@ -33,7 +33,8 @@ deselects it. Every HTML page is opened at desktop width (1400 x 900) and at pho
   accessibility violation (see :data:`AXE_THEME_ALLOWED` for the theme's own, and
   :func:`run_axe` for what each width checks);
 * a screenshot is saved under ``_build/screenshots/`` (next to the HTML folder): ``desktop/``,
-  ``phone/`` (one JPEG per page, the whole page up to 12,000 px) and ``desktop-dark/`` (the top of
+  ``phone/`` (one JPEG per page: its first screen; the whole page, up to 12,000 px, with
+  ``KLTUTORIAL_FULL_SCREENSHOTS=1``, as ``make screenshots`` sets) and ``desktop-dark/`` (the top of
   each page).
 
 More tests open a figure, and a solution that holds code, by click and by keyboard (Enter), show
@@ -89,6 +90,9 @@ PAGE_TIMEOUT_MS = 30_000
 STATE_TIMEOUT_MS = 3_000  # a sidebar opening, a theme switching
 LATE_EVENTS_MS = 500  # a visit lasts at least this long after its probe: late errors still count
 SCREENSHOT_MAX_PX = 12_000  # a JPEG holds at most 65,535 px; the API page is 100,000+ on a phone
+# Whole pages only when asked: a full-page JPEG costs about 0.6 s of Chromium's time a page at desktop
+# width, and make test reads every page's report, not its picture.
+FULL_SCREENSHOTS = os.environ.get("KLTUTORIAL_FULL_SCREENSHOTS") == "1"
 REDIRECT = re.compile(r"<meta[^>]+http-equiv=[\"']?refresh", re.IGNORECASE)
 
 VIEWPORTS: dict[str, dict] = {
@@ -530,7 +534,7 @@ class Reader:
             report.math = probe_math(page)
             probed_at = time.monotonic()
             report.reader = page.evaluate(READER_PROBE, self.size["width"])
-            self.screenshot(report, self.width, path)
+            self.screenshot(report, self.width, path, full_page=FULL_SCREENSHOTS)
             # Before dark mode: switching back to light, the theme's colours fade for a moment,
             # and axe would measure the contrast of colours half-way.
             report.axe = run_axe(page, self.width)

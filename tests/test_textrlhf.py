@@ -596,3 +596,43 @@ def test_the_stored_runs_are_what_the_code_trains(pretrained, name) -> None:
     assert gap < 1e-4, (f"{name}: the first steps trained today differ from the stored run by {gap:.3g} "
                         f"nats (stored on {meta['machine']}, {meta['date']}); if the training code "
                         f"changed, regenerate: {meta['command']}")
+
+
+# --- the annotated training step of section 8 --------------------------------------------------------
+
+
+def test_the_annotated_step_has_the_gradient_of_the_librarys_objective(pretrained) -> None:
+    from kltutorial import compute_rlhf_objective
+    from kltutorial.textrlhf.generation import sample_unchecked
+    from kltutorial.textrlhf.step import kl_penalised_step
+
+    model, tok = pretrained
+    policy, beta = _perturbed(model), 0.1
+    opt = torch.optim.SGD(policy.parameters(), lr=0.0)  # a step that moves nothing: the gradient stays
+    out = kl_penalised_step(policy, model, tok, opt, beta=beta, batch_size=16, max_grad_norm=None,
+                            generator=_gen(5))
+    mine = [p.grad.clone() for p in policy.parameters()]
+    # the same batch (the same draws), through the library's objective
+    r = sample_unchecked(policy, tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, 16, 24, _gen(5))
+    scores = text.gold_reward(text.decode_responses(tok, r))
+    with torch.no_grad():
+        ref_logits = response_logits(model, tok.bos_token_id, r.tokens)
+    policy.zero_grad()
+    loss, info = compute_rlhf_objective(response_logits(policy, tok.bos_token_id, r.tokens), ref_logits,
+                                        r.tokens, scores, r.mask, beta, estimator="k1")
+    loss.backward()
+    for a, p in zip(mine, policy.parameters(), strict=True):
+        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-7)
+    assert out["loss"] == pytest.approx(float(loss), rel=1e-5, abs=1e-7)
+    assert out["score"] == pytest.approx(float(scores.mean()))
+    assert out["k1"] == pytest.approx(info["mean_kl"], rel=1e-5) and out["k1"] != 0.0
+    # clipping, as train_text: the norm after the step's clipping is at most max_grad_norm
+    kl_penalised_step(policy, model, tok, opt, beta=beta, batch_size=16, max_grad_norm=1e-3,
+                      generator=_gen(5))
+    assert torch.nn.utils.get_total_norm([p.grad for p in policy.parameters()]) <= 1e-3 * (1 + 1e-5)
+    with pytest.raises(ValueError, match="beta"):
+        kl_penalised_step(policy, model, tok, opt, beta=-1.0, generator=_gen(0))
+    with pytest.raises(ValueError, match="batch_size must be >= 2"):
+        kl_penalised_step(policy, model, tok, opt, beta=0.1, batch_size=1, generator=_gen(0))
+    with pytest.raises(TypeError, match="optimizer"):
+        kl_penalised_step(policy, model, tok, "adam", beta=0.1, generator=_gen(0))

@@ -17,11 +17,17 @@ shows the penalty on what it writes, with nothing downloaded at run time and eve
 ``proxy``          :func:`load_proxy_reward`: a Bradley–Terry reward model learned from noisy
                    comparisons labelled by the gold (``python -m kltutorial.textrlhf proxy``)
 ``generation``     sampling with a KV cache (the end token an action), :func:`token_kl`: the exact
-                   KL of the next-word distributions at every word of a text
+                   KL of the next-word distributions (and k1) at every word of a text,
+                   :func:`position_kl`: where along its own responses a policy's KL goes
 ``metrics``        distinct-n, and the share of a sample's words and word pairs found in the corpus
 ``config``         :class:`TextTrainConfig`, frozen and validated; the book's β sweep
 ``trainer``        :func:`train_text`: REINFORCE with β times the sequence's k1 in the reward,
                    through :func:`kltutorial.compute_rlhf_objective`
+``step``           :func:`~kltutorial.textrlhf.step.kl_penalised_step`: one training step written out
+                   line by line (book section 8), the gradient of ``train_text``'s
+``runs``           the book's stored runs (``python -m kltutorial.textrlhf.runs``)
+``trl_run``        the β = 0.05 run through TRL's ``RLOOTrainer`` with ``KLMonitorCallback``
+                   (``python -m kltutorial.textrlhf.trl_run``)
 ``cli``            ``python -m kltutorial.textrlhf pretrain``, ``... proxy`` and ``... sweep``
                    (``--help``)
 =================  ==========================================================================
