@@ -36,6 +36,8 @@ import nbformat
 import pytest
 import yaml
 
+from tools.prose_stats import prose_stats, reading_minutes
+
 pytestmark = pytest.mark.book
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,7 +198,8 @@ def test_status_lists_each_chapter_s_time_against_the_budget(status: str) -> Non
             for name, label in RUNS.items() if (STATUS_DIR / name).is_file()}
     if not runs:
         assert "No verified run" in _text(times), "no verified run recorded, and the page does not say so"
-        assert not re.search(r"\d s</p>", times), "times on the page without a verified run"
+        assert not re.search(r"\d s</(p|td)>", times), "times on the page without a verified run"
+        assert all(f"{reading_minutes(prose_stats(nb))} min" in _text(times) for nb in chapter_notebooks())
         return
     rows = {}
     for row in re.findall(r"<tr[^>]*>(.*?)</tr>", times, re.DOTALL):
@@ -208,7 +211,8 @@ def test_status_lists_each_chapter_s_time_against_the_budget(status: str) -> Non
         name = notebook.relative_to(ROOT).as_posix()
         assert notebook.stem in rows, f"{name} missing from the status page"
         cells = rows[notebook.stem]
-        shown = cells[1:-1]
+        assert cells[1] == f"{reading_minutes(prose_stats(notebook))} min", (name, cells)
+        shown = cells[2:-1]
         assert len(shown) == len(runs), cells
         for label, cell in zip(runs, shown, strict=True):
             recorded = runs[label].get(name)

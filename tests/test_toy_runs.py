@@ -128,7 +128,7 @@ def test_command_line_writes_what_it_names(tmp_path: Path, task: toy.ToyTask) ->
 
 @pytest.mark.parametrize("name, size", [
     ("toy-control-runs.npz", 6), ("toy-beta-runs.npz", len(toy.FIXED_BETAS)), ("toy-recipe-runs-0.3.npz", 9),
-    ("toy-recipe-runs-0.1.npz", 14), ("toy-transformer-runs.npz", 1)])
+    ("toy-recipe-runs-0.1.npz", 14), ("toy-transformer-runs.npz", 2)])
 def test_the_stored_files_are_the_books_sets(task: toy.ToyTask, name: str, size: int) -> None:
     meta = json.loads(json.dumps(toy_runs.read_metadata(DATA / name)))
     stem = name.removeprefix("toy-").removesuffix(".npz")
@@ -137,8 +137,8 @@ def test_the_stored_files_are_the_books_sets(task: toy.ToyTask, name: str, size:
     assert meta["command"] == f"python -m kltutorial.studies.toy_runs {kind} book/data/{name}"
     assert len(meta["runs"]) == size
     runs = toy_runs.read_runs(DATA / name, task)
-    steps = {"control": toy_runs.CONTROL_STEPS, "transformer": toy_runs.TRANSFORMER_BUDGET["dr-grpo-k3-loss"]
-             }.get(kind, toy.TrainConfig().steps)
-    for run in runs.values():
+    for run_name, run in runs.items():
+        steps = (toy_runs.TRANSFORMER_BUDGET[run_name] if kind == "transformer" else
+                 {"control": toy_runs.CONTROL_STEPS}.get(kind, toy.TrainConfig().steps))
         recorded = len(run.kl) if isinstance(run, toy.TrainResult) else int(run.steps[-1])
         assert recorded == steps

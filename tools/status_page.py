@@ -4,11 +4,13 @@
 the page is written (``doctree-resolved``; the page is marked outdated on every build, so an
 incremental one, ``make book``, never shows an old copy), with
 
-* **Execution time of each chapter** in the last verified run: the times that nbval's passes of
+* **Reading and execution time of each chapter**: the minutes its prose takes to read
+  (``tools/prose_stats.py``, at 200 words a minute), one row per page of the book before its appendix;
+  and for a notebook, the seconds it took in the last verified run: the times that nbval's passes of
   ``make test`` wrote (``tools/nbval_timing.py``: ``_build/status/nbval-native.json`` and
-  ``nbval-second-kernels.json``), one row per notebook of the table of contents, against the budget
-  of :data:`BUDGET_S` seconds. A time is shown only for the notebook as it is now (its SHA-256 is the
-  one recorded); without a verified run (a plain ``make book``), the page says so instead;
+  ``nbval-second-kernels.json``), against the budget of :data:`BUDGET_S` seconds. A time is shown only
+  for the notebook as it is now (its SHA-256 is the one recorded); without a verified run (a plain
+  ``make book``), the page says so instead of showing times;
 * **Versions**: Python's and each package's of :data:`VERSIONS` as installed in the environment that
   builds the book (``importlib.metadata``), beside the pin in ``requirements.txt``;
 * **What CI checks**: the steps of ``make test``, read from the Makefile (the ``$(MAKE) <target>``
@@ -38,6 +40,8 @@ VERSIONS = ("torch", "numpy", "jupyter-book", "myst-nb", "nbval")
 #: The nbval passes, in the order of ``make test``: file name under the status folder, and label.
 RUNS = (("nbval-native.json", "this machine's kernels"),
         ("nbval-second-kernels.json", "second kernel set"))
+#: The appendix's pages, which the reading times leave out (reference, not prose to read).
+APPENDIX = frozenset({"book/notation", "book/references", "book/api", "book/status"})
 NO_RUN = ("No verified run: this build was not preceded by the nbval passes of make test (a plain "
           "make book, or a test run that failed), so there are no execution times to show.")
 
@@ -198,41 +202,58 @@ def chapter_link(app: Sphinx, fromdoc: str, docname: str) -> nodes.Node:
 
 def times_section(app: Sphinx, doctree: nodes.document, fromdoc: str) -> nodes.section:
     from bib_backrefs import _doc_order
+    from prose_stats import prose_stats, reading_minutes
 
     srcdir = Path(app.srcdir)
-    section = _section(doctree, "Execution time of each chapter", "status-times")
+    section = _section(doctree, "Reading and execution time of each chapter", "status-times")
     runs = read_runs(srcdir / app.config.kltutorial_status_dir)
-    if not runs:
-        section += nodes.paragraph("", NO_RUN, classes=["kl-status-no-run"])
-        return section
     labels = [label for _, label in RUNS if label in runs]
-    section += nodes.paragraph("", (
-        f"Seconds each chapter's notebook took to execute in the last verified run of make test "
-        f"(nbval: every cell, the kernel's start and shutdown included), on "
-        f"{' and on the '.join(labels)}; the budget is {BUDGET_S} s a chapter."))
+    if runs:
+        section += nodes.paragraph("", (
+            f"Minutes to read each page's prose (at 200 words a minute, code, figures, exercises and "
+            f"folded blocks left out), and the seconds each chapter's notebook took to execute in the last "
+            f"verified run of make test (nbval: every cell, the kernel's start and shutdown included), on "
+            f"{' and on the '.join(labels)}; the budget is {BUDGET_S} s a chapter."))
+    else:
+        section += nodes.paragraph("", NO_RUN, classes=["kl-status-no-run"])
+        section += nodes.paragraph("", "Minutes to read each page's prose (at 200 words a minute, code, "
+                                       "figures, exercises and folded blocks left out).")
     rows = []
     for docname in _doc_order(app.env):
-        source = Path(app.env.doc2path(docname))
-        if source.suffix != ".ipynb":
+        if docname in APPENDIX or docname == fromdoc:
             continue
-        name = source.resolve().relative_to(srcdir.resolve()).as_posix()
-        digest = hashlib.sha256(source.read_bytes()).hexdigest()
-        cells: list[nodes.Node | str] = [chapter_link(app, fromdoc, docname)]
-        worst = None
-        for label in labels:
-            entry = runs[label].get(name)
-            if entry is None:
-                cells.append("not run")
-            elif entry["sha256"] != digest:
-                cells.append("changed since")
-            else:
-                cells.append(f"{entry['seconds']:.1f} s")
-                worst = max(worst or 0.0, entry["seconds"])
-        cells.append("—" if worst is None else
-                     (f"within {BUDGET_S} s" if worst <= BUDGET_S else f"over {BUDGET_S} s"))
+        source = Path(app.env.doc2path(docname))
+        if source.suffix not in (".ipynb", ".md"):
+            continue
+        cells: list[nodes.Node | str] = [chapter_link(app, fromdoc, docname),
+                                         f"{reading_minutes(prose_stats(source))} min"]
+        if runs:
+            cells += _time_cells(source, srcdir, runs, labels)
         rows.append(cells)
-    section += _table(["Chapter", *labels, "Budget"], rows, [40] + [15] * len(labels) + [15])
+    header = ["Chapter", "Reading", *labels, "Budget"] if runs else ["Chapter", "Reading"]
+    section += _table(header, rows, [40, 12] + [15] * (len(header) - 2))
     return section
+
+
+def _time_cells(source: Path, srcdir: Path, runs: dict, labels: list[str]) -> list[str]:
+    """The execution time in each run and the verdict against the budget (dashes for a markdown page)."""
+    if source.suffix != ".ipynb":
+        return ["—"] * (len(labels) + 1)
+    name = source.resolve().relative_to(srcdir.resolve()).as_posix()
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    cells, worst = [], None
+    for label in labels:
+        entry = runs[label].get(name)
+        if entry is None:
+            cells.append("not run")
+        elif entry["sha256"] != digest:
+            cells.append("changed since")
+        else:
+            cells.append(f"{entry['seconds']:.1f} s")
+            worst = max(worst or 0.0, entry["seconds"])
+    verdict = f"within {BUDGET_S} s" if worst is not None and worst <= BUDGET_S else f"over {BUDGET_S} s"
+    cells.append("—" if worst is None else verdict)
+    return cells
 
 
 def versions_section(app: Sphinx, doctree: nodes.document) -> nodes.section:

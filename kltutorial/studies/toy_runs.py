@@ -8,8 +8,8 @@ Two sets, each in one ``.npz`` file under ``book/data/``:
   controllers (:func:`control_controllers`), on :func:`book_task`;
 * ``betas``: section 11's sweep of fixed coefficients, one run at each of
   :data:`~kltutorial.toyrlhf.FIXED_BETAS` (:func:`beta_runs`);
-* ``transformer``: section 11a's Dr. GRPO run of a small transformer (:func:`transformer_runs`, the
-  network fitted by :func:`fitted_transformer`);
+* ``transformer``: section 11a's PPO and Dr. GRPO runs of a small transformer (:func:`transformer_runs`,
+  the network fitted by :func:`fitted_transformer`);
 * ``recipes-0.3`` and ``recipes-0.1``: sections 9 and 9a's runs at :math:`\beta` = 0.3 and 0.1, every
   recipe of :data:`~kltutorial.toyrlhf.recipes.RECIPES` but TRL's ratio-weighted k3 (the page on TRL
   trains that one in TRL), and at 0.1 PPO with four and with one epoch for seeds 0, 1 and 2 too
@@ -292,8 +292,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m kltutorial.studies.toy_runs",
                                      description="Train and store the book's longest toy runs.")
     parser.add_argument("set", choices=("control", "betas", "transformer", *RECIPE_SETS),
-                        help="section 11's runs (control, betas), 11a's (transformer: Dr. GRPO's), or "
-                        "section 9's (recipes-0.3) or 9a's (recipes-0.1)")
+                        help="section 11's runs (control, betas), 11a's (transformer: PPO's and "
+                        "Dr. GRPO's), or section 9's (recipes-0.3) or 9a's (recipes-0.1)")
     parser.add_argument("path", type=Path, help="the .npz file to write, e.g. book/data/toy-control-runs.npz")
     parser.add_argument("--steps", type=int, help="override every run's steps (a quick look, not the book's)")
     args = parser.parse_args(argv)
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.set == "betas":
         runs = beta_runs(task, steps=args.steps)
     elif args.set == "transformer":
-        runs = transformer_runs(task, fitted_transformer(task), names=["dr-grpo-k3-loss"], steps=args.steps)
+        runs = transformer_runs(task, fitted_transformer(task), steps=args.steps)
     else:
         beta, seeds = RECIPE_SETS[args.set]
         runs = recipe_runs(task, beta, seeds=seeds, steps=args.steps)

@@ -1,0 +1,79 @@
+"""Tests of tools/prose_stats.py: what counts as prose, its words, numbers and long sentences."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tools.prose_stats import LONG_SENTENCE, ProseStats, prose_of, prose_stats, reading_minutes, stats_of_text
+
+
+def test_code_maths_figures_exercises_and_folded_blocks_are_not_prose() -> None:
+    text = """# A title
+
+The penalty keeps the policy close. It costs 3 nats here, {eval}`f"{glued.kl:.2f}"` in the run.
+
+```python
+x = 1  # code is not prose
+```
+
+$$
+J = r - \\beta\\,\\mathrm{KL}
+$$
+
+```{figure} images/a.png
+:name: fig-a
+
+A caption is not read top to bottom.
+```
+
+```{exercise} An exercise
+:label: ex-a
+
+Not prose either.
+```
+
+```{admonition} Precisely
+:class: dropdown
+
+Folded, so not on the path.
+```
+
+```{note}
+A note is read.
+```
+
+| a table | is not prose |
+|---|---|
+"""
+    prose = prose_of(text)
+    for gone in ("code is not prose", "beta", "caption", "Not prose either", "Folded", "table", "title"):
+        assert gone not in prose, gone
+    assert "A note is read." in prose and "keeps the policy close" in prose
+    s = stats_of_text(text)
+    assert s.numbers == 2  # "3" and the {eval} role
+    assert s.sentences == 3 and s.long_sentences == 0
+    assert s.words == len("The penalty keeps the policy close".split()) + len(
+        "It costs 3 nats here 0 in the run".split()) + len("A note is read".split())
+
+
+def test_a_long_sentence_and_the_rates() -> None:
+    long = " ".join(["word"] * (LONG_SENTENCE + 1)) + ". Short one here."
+    s = stats_of_text(long)
+    assert (s.sentences, s.long_sentences) == (2, 1) and s.long_share == 0.5
+    assert ProseStats(200, 4, 10, 1).numbers_per_100_words == 2.0
+    assert ProseStats(1, 0, 1, 0) + ProseStats(2, 1, 1, 1) == ProseStats(3, 1, 2, 1)
+    assert reading_minutes(ProseStats(201, 0, 1, 0)) == 2 and reading_minutes(ProseStats(0, 0, 0, 0)) == 1
+
+
+def test_a_notebook_counts_its_markdown_cells_only(tmp_path) -> None:
+    nb = {"cells": [{"cell_type": "markdown", "source": ["One sentence of prose."], "metadata": {}},
+                    {"cell_type": "code", "source": ["print('not prose')"], "metadata": {}, "outputs": [],
+                     "execution_count": None}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path = tmp_path / "page.ipynb"
+    path.write_text(json.dumps(nb), encoding="utf8")
+    assert prose_stats(path) == ProseStats(4, 0, 1, 0)
+    with pytest.raises(ValueError, match=r"\.ipynb or \.md"):
+        prose_stats(tmp_path / "page.txt")
