@@ -632,6 +632,10 @@ def test_the_annotated_step_has_the_gradient_of_the_librarys_objective(pretraine
     assert torch.nn.utils.get_total_norm([p.grad for p in policy.parameters()]) <= 1e-3 * (1 + 1e-5)
     with pytest.raises(ValueError, match="beta"):
         kl_penalised_step(policy, model, tok, opt, beta=-1.0, generator=_gen(0))
+    with pytest.raises(ValueError, match="beta must be a finite number >= 0"):
+        kl_penalised_step(policy, model, tok, opt, beta=float("inf"), generator=_gen(0))
+    with pytest.raises(ValueError, match="max_grad_norm"):
+        kl_penalised_step(policy, model, tok, opt, beta=0.1, max_grad_norm=0.0, generator=_gen(0))
     with pytest.raises(ValueError, match="batch_size must be >= 2"):
         kl_penalised_step(policy, model, tok, opt, beta=0.1, batch_size=1, generator=_gen(0))
     with pytest.raises(TypeError, match="optimizer"):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from .._validation import check_generator, check_positive_int
+from .._validation import check_coef, check_generator, check_positive, check_positive_int
 from .generation import check_model, check_tokenizer, decode_responses, response_logits, sample_unchecked
 from .reward import gold_reward
 
@@ -55,8 +55,9 @@ def kl_penalised_step(policy: PreTrainedModel, reference: PreTrainedModel, token
     check_tokenizer(tokenizer)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    if not (isinstance(beta, int | float) and not isinstance(beta, bool) and beta >= 0):
-        raise ValueError(f"beta must be a number >= 0, got {beta!r}")
+    beta = check_coef(beta, "beta")
+    if max_grad_norm is not None:
+        max_grad_norm = check_positive(max_grad_norm, "max_grad_norm")
     batch_size = check_positive_int(batch_size, "batch_size")
     max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
     check_generator(generator)
