@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from tools.prose_stats import LONG_SENTENCE, ProseStats, prose_of, prose_stats, reading_minutes, stats_of_text
+from tools.prose_stats import (
+    LONG_SENTENCE,
+    ProseStats,
+    book_pages,
+    prose_of,
+    prose_stats,
+    reading_minutes,
+    stats_of_text,
+)
 
 
 def test_code_maths_figures_exercises_and_folded_blocks_are_not_prose() -> None:
@@ -77,3 +85,26 @@ def test_a_notebook_counts_its_markdown_cells_only(tmp_path) -> None:
     assert prose_stats(path) == ProseStats(4, 0, 1, 0)
     with pytest.raises(ValueError, match=r"\.ipynb or \.md"):
         prose_stats(tmp_path / "page.txt")
+
+
+def test_folded_blocks_count_with_folded_and_the_book_splits_core_from_deep_dives(tmp_path) -> None:
+    text = "Read this.\n\n```{admonition} Precisely\n:class: dropdown\n\nFolded words here.\n```\n"
+    assert stats_of_text(text).words == 2
+    assert stats_of_text(text, folded=True).words == 2 + 3
+    (tmp_path / "book").mkdir()
+    for name in ("intro.md", "a.md", "b.ipynb", "deep.md", "notes.md"):
+        path = tmp_path / "book" / name
+        if name.endswith(".ipynb"):
+            path.write_text(json.dumps({"cells": [{"cell_type": "markdown", "source": ["Two words."]}]}))
+        else:
+            path.write_text("One two three.\n")
+    (tmp_path / "_toc.yml").write_text(
+        "format: jb-book\nroot: book/intro\nparts:\n"
+        "  - caption: Sections\n    chapters:\n      - file: book/a\n        sections:\n"
+        "          - file: book/b\n"
+        "  - caption: Deep dives\n    chapters:\n      - file: book/deep\n"
+        "  - caption: Appendix\n    chapters:\n      - file: book/notes\n")
+    core, rest = book_pages(tmp_path / "_toc.yml")
+    assert [p.name for p in core] == ["intro.md", "a.md", "b.ipynb"]
+    assert [p.name for p in rest] == ["deep.md", "notes.md"]
+    assert sum(prose_stats(p).words for p in core) == 3 + 3 + 2

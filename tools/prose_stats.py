@@ -11,6 +11,9 @@ book's ``myst_words_per_minute``) beside its execution time; the teach-first pla
 holds the core path to its budgets with these counts::
 
     .venv/bin/python tools/prose_stats.py book/*.ipynb book/*.md
+    .venv/bin/python tools/prose_stats.py --book     # the pages of _toc.yml: core path, deep dives, totals
+
+The last column, ``folded+``, counts a page's words with its folded blocks too.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["WORDS_PER_MINUTE", "LONG_SENTENCE", "ProseStats", "prose_of", "stats_of_text", "prose_stats",
-           "reading_minutes", "main"]
+           "reading_minutes", "book_pages", "CORE_EXCLUDED_PARTS", "main"]
 
 WORDS_PER_MINUTE = 200  #: as _config.yml's myst words_per_minute
 LONG_SENTENCE = 40  #: words; a sentence longer than this counts as long
@@ -70,10 +73,10 @@ class ProseStats:
         return self.long_sentences / self.sentences if self.sentences else 0.0
 
 
-def _drop_blocks(text: str) -> str:
+def _drop_blocks(text: str, folded: bool = False) -> str:
     def keep(match: re.Match) -> str:
         info, body = match.group("info").strip(), match.group("body")
-        if _DROPPED.match(info) or ":class: dropdown" in body or "dropdown" in info:
+        if _DROPPED.match(info) or (not folded and (":class: dropdown" in body or "dropdown" in info)):
             return "\n"
         return "\n" + _OPTION.sub("", body) + "\n"
 
@@ -83,9 +86,12 @@ def _drop_blocks(text: str) -> str:
     return text
 
 
-def prose_of(markdown: str) -> str:
-    """The prose of a page's markdown, ``{eval}`` roles kept as the marker ``0`` (a number)."""
-    text = _drop_blocks(markdown)
+def prose_of(markdown: str, folded: bool = False) -> str:
+    """The prose of a page's markdown, ``{eval}`` roles kept as the marker ``0`` (a number).
+
+    With ``folded`` the folded blocks' text counts too (the whole page, as against its reading path).
+    """
+    text = _drop_blocks(markdown, folded)
     text = _DISPLAY_MATH.sub(" ", text)
     text = _TARGET.sub("", text)
     text = _EVAL.sub("0", text)
@@ -97,9 +103,9 @@ def prose_of(markdown: str) -> str:
     return text
 
 
-def stats_of_text(markdown: str) -> ProseStats:
-    """:class:`ProseStats` of one page's markdown."""
-    prose = prose_of(markdown)
+def stats_of_text(markdown: str, folded: bool = False) -> ProseStats:
+    """:class:`ProseStats` of one page's markdown (its folded blocks too with ``folded``)."""
+    prose = prose_of(markdown, folded)
     sentences = [s for s in _SENTENCE_END.split(prose) if _WORD.search(s)]
     lengths = [len(_WORD.findall(s)) for s in sentences]
     return ProseStats(words=sum(lengths), numbers=len(_NUMBER.findall(prose)), sentences=len(sentences),
@@ -115,9 +121,10 @@ def _markdown_of(path: Path) -> str:
     raise ValueError(f"path must be a .ipynb or .md page, got {path}")
 
 
-def prose_stats(path: str | Path) -> ProseStats:
-    """:class:`ProseStats` of the page at ``path`` (a notebook or a markdown page)."""
-    return stats_of_text(_markdown_of(Path(path)))
+def prose_stats(path: str | Path, folded: bool = False) -> ProseStats:
+    """:class:`ProseStats` of the page at ``path`` (a notebook or a markdown page; ``folded``: its folded
+    blocks too)."""
+    return stats_of_text(_markdown_of(Path(path)), folded)
 
 
 def reading_minutes(stats: ProseStats) -> int:
@@ -125,19 +132,62 @@ def reading_minutes(stats: ProseStats) -> int:
     return max(1, math.ceil(stats.words / WORDS_PER_MINUTE))
 
 
+CORE_EXCLUDED_PARTS = ("Deep dives", "Appendix")  #: the parts of ``_toc.yml`` off the core path
+
+
+def book_pages(toc: str | Path = "_toc.yml") -> tuple[list[Path], list[Path]]:
+    """The pages of the core path (the root and every part but :data:`CORE_EXCLUDED_PARTS`) and the rest,
+    in the order of ``toc``, as paths relative to its folder."""
+    import yaml
+
+    toc = Path(toc)
+    data = yaml.safe_load(toc.read_text(encoding="utf8"))
+
+    def files(entries: list[dict]) -> list[str]:
+        out = []
+        for entry in entries:
+            out.append(entry["file"])
+            out += files(entry.get("sections", []))
+        return out
+
+    def path(name: str) -> Path:
+        candidates = [toc.parent / f"{name}{suffix}" for suffix in (".ipynb", ".md")]
+        return next((c for c in candidates if c.exists()), candidates[0])
+
+    core, rest = [path(data["root"])], []
+    for part in data.get("parts", []):
+        (rest if part.get("caption") in CORE_EXCLUDED_PARTS else core).extend(
+            path(f) for f in files(part["chapters"]))
+    return core, rest
+
+
+def _row(name: str, s: ProseStats, whole: ProseStats) -> str:
+    return (f"{name:<40}{s.words:8d}{reading_minutes(s):9d}{s.numbers_per_100_words:13.1f}"
+            f"{100 * s.long_share:8.1f}{whole.words:8d}")
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
-    total = ProseStats(0, 0, 0, 0)
-    print(f"{'page':<40}{'words':>8}{'minutes':>9}{'numbers/100':>13}{'long %':>8}")
-    for name in argv:
-        s = prose_stats(name)
-        total += s
-        print(f"{Path(name).name:<40}{s.words:8d}{reading_minutes(s):9d}{s.numbers_per_100_words:13.1f}"
-              f"{100 * s.long_share:8.1f}")
-    print(f"{'all':<40}{total.words:8d}{reading_minutes(total):9d}{total.numbers_per_100_words:13.1f}"
-          f"{100 * total.long_share:8.1f}")
+    groups: list[tuple[str, list[Path]]]
+    if argv[0] == "--book":  # the pages of _toc.yml: the core path, then the rest
+        core, rest = book_pages(argv[1] if len(argv) > 1 else "_toc.yml")
+        groups = [("core path", core), ("deep dives and appendix", rest)]
+    else:
+        groups = [("all", [Path(a) for a in argv])]
+    print(f"{'page':<40}{'words':>8}{'minutes':>9}{'numbers/100':>13}{'long %':>8}{'folded+':>8}")
+    book, book_whole = ProseStats(0, 0, 0, 0), ProseStats(0, 0, 0, 0)
+    for label, pages in groups:
+        total, total_whole = ProseStats(0, 0, 0, 0), ProseStats(0, 0, 0, 0)
+        for page in pages:
+            s, whole = prose_stats(page), prose_stats(page, folded=True)
+            total, total_whole = total + s, total_whole + whole
+            print(_row(page.name, s, whole))
+        print(_row(label, total, total_whole))
+        book, book_whole = book + total, book_whole + total_whole
+    if len(groups) > 1:
+        print(_row("whole book", book, book_whole))
     return 0
 
 
