@@ -108,3 +108,16 @@ def test_folded_blocks_count_with_folded_and_the_book_splits_core_from_deep_dive
     assert [p.name for p in core] == ["intro.md", "a.md", "b.ipynb"]
     assert [p.name for p in rest] == ["deep.md", "notes.md"]
     assert sum(prose_stats(p).words for p in core) == 3 + 3 + 2
+
+
+def test_a_sections_exercises_are_not_on_the_path() -> None:
+    text = "Read this.\n\n## Exercises\n\nEach exercise is one of three kinds.\n\nA solution's words.\n"
+    assert stats_of_text(text).words == 2 and stats_of_text(text, folded=True).words == 2
+    assert stats_of_text("## Exercises to come\n\nRead this too.\n").words == 3  # only the heading itself
+
+
+def test_sentences_end_before_a_lower_case_word_and_at_each_list_item() -> None:
+    text = ("k1 is the log-ratio. k3 is another estimate, e.g. of the same KL. `token_kl` computes it.\n\n"
+            "* one item here\n* another item\n- a third\n1. a fourth\n")
+    s = stats_of_text(text)
+    assert s.sentences == 3 + 4

@@ -1,10 +1,11 @@
 """How much a page asks of its reader: the words of its prose, its numbers, its long sentences.
 
 Prose is what a reader reads top to bottom: the markdown of a notebook's markdown cells (or of a ``.md``
-page), without code blocks, display maths, figures (their captions included), exercises, solutions and
-folded blocks (``:class: dropdown``), and without the MyST markup itself (roles, targets, directive
-options). A number is a run of digits in that prose, or an ``{eval}`` role (which shows one). A sentence
-ends at ``.``, ``?`` or ``!`` followed by a space and a capital letter, or at the end of a paragraph.
+page) up to its ``## Exercises`` heading, without code blocks, display maths, figures (their captions
+included), exercises, solutions and folded blocks (``:class: dropdown``), and without the MyST markup
+itself (roles, targets, directive options). A number is a run of digits in that prose, or an ``{eval}``
+role (which shows one). A sentence ends at ``.``, ``?`` or ``!`` followed by a space (not in "e.g." and
+the like), at the end of a paragraph, or where a list item begins.
 
 The status page shows each page's reading time (:func:`reading_minutes`, at :data:`WORDS_PER_MINUTE`, the
 book's ``myst_words_per_minute``) beside its execution time; the teach-first plan of CONTRIBUTING.md
@@ -38,6 +39,7 @@ _FENCE = re.compile(r"^(?P<fence>`{3,}|:{3,})(?P<info>[^\n]*)\n(?P<body>.*?)^(?P
                     re.MULTILINE | re.DOTALL)
 _DROPPED = re.compile(r"^\{(figure|exercise|solution|solution-start|solution-end|code-cell|math|"
                       r"eval-rst|kltutorial-status)\}|^(python|bash|yaml|text|console|json)?\s*$")
+_EXERCISES = re.compile(r"^## Exercises[ \t]*$", re.MULTILINE)
 _DISPLAY_MATH = re.compile(r"\$\$.*?\$\$", re.DOTALL)
 _EVAL = re.compile(r"\{eval\}`[^`]*`")
 _ROLE = re.compile(r"\{[a-z-]+\}`([^`]*)`")
@@ -47,7 +49,10 @@ _OPTION = re.compile(r"^:[\w-]+:.*$", re.MULTILINE)
 _TARGET = re.compile(r"^\([\w-]+\)=\s*$", re.MULTILINE)
 _WORD = re.compile(r"[A-Za-zÀ-ÿβ][A-Za-zÀ-ÿβ'’-]*|\d[\d,.]*")
 _NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")
-_SENTENCE_END = re.compile(r"(?<=[.?!])\s+(?=[A-Z])|\n\s*\n")
+# A sentence ends at . ? or ! followed by a space (not after "e.g.", "i.e.", "et al.", "vs.", "cf."), at a
+# paragraph's end, or where a list item begins (a numbered item's "1." ends nothing).
+_SENTENCE_END = re.compile(r"(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\bal\.)(?<!\bvs\.)(?<!\bcf\.)"
+                           r"(?<!\n\d\.)(?<!\n\d\d\.)(?<=[.?!])\s+(?=\S)|\n\s*\n|\n(?=\s*(?:[*+-]|\d+\.)\s)")
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,8 @@ def prose_of(markdown: str, folded: bool = False) -> str:
 
     With ``folded`` the folded blocks' text counts too (the whole page, as against its reading path).
     """
-    text = _drop_blocks(markdown, folded)
+    text = _EXERCISES.split(markdown, maxsplit=1)[0]  # a section's exercises close it: not on the path
+    text = _drop_blocks(text, folded)
     text = _DISPLAY_MATH.sub(" ", text)
     text = _TARGET.sub("", text)
     text = _EVAL.sub("0", text)
