@@ -121,3 +121,10 @@ def test_sentences_end_before_a_lower_case_word_and_at_each_list_item() -> None:
             "* one item here\n* another item\n- a third\n1. a fourth\n")
     s = stats_of_text(text)
     assert s.sentences == 3 + 4
+
+
+def test_a_folded_block_inside_a_list_item_is_folded() -> None:
+    text = ("1. Do this first.\n\n   ```{admonition} Precisely\n   :class: dropdown\n\n"
+            "   Folded words.\n   ```\n")
+    assert stats_of_text(text).words == 3 and stats_of_text(text, folded=True).words == 3 + 2
+    assert stats_of_text(text).numbers == 0

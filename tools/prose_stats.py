@@ -35,8 +35,8 @@ LONG_SENTENCE = 40  #: words; a sentence longer than this counts as long
 # Fenced blocks: ``` or ::: fences of any length, with what they hold. Those left out of the prose
 # entirely (code, maths, figures, exercises, solutions, folded blocks); other directives (admonitions,
 # notes) keep their text.
-_FENCE = re.compile(r"^(?P<fence>`{3,}|:{3,})(?P<info>[^\n]*)\n(?P<body>.*?)^(?P=fence)[ \t]*$",
-                    re.MULTILINE | re.DOTALL)
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|:{3,})(?P<info>[^\n]*)\n(?P<body>.*?)"
+                    r"^(?P=indent)(?P=fence)[ \t]*$", re.MULTILINE | re.DOTALL)  # indented in a list too
 _DROPPED = re.compile(r"^\{(figure|exercise|solution|solution-start|solution-end|code-cell|math|"
                       r"eval-rst|kltutorial-status)\}|^(python|bash|yaml|text|console|json)?\s*$")
 _EXERCISES = re.compile(r"^## Exercises[ \t]*$", re.MULTILINE)
@@ -45,7 +45,7 @@ _EVAL = re.compile(r"\{eval\}`[^`]*`")
 _ROLE = re.compile(r"\{[a-z-]+\}`([^`]*)`")
 _INLINE_CODE = re.compile(r"`([^`]*)`")
 _INLINE_MATH = re.compile(r"\$[^$\n]+\$")
-_OPTION = re.compile(r"^:[\w-]+:.*$", re.MULTILINE)
+_OPTION = re.compile(r"^[ \t]*:[\w-]+:.*$", re.MULTILINE)
 _TARGET = re.compile(r"^\([\w-]+\)=\s*$", re.MULTILINE)
 _WORD = re.compile(r"[A-Za-zÀ-ÿβ][A-Za-zÀ-ÿβ'’-]*|\d[\d,.]*")
 _NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")
@@ -105,6 +105,7 @@ def prose_of(markdown: str, folded: bool = False) -> str:
     text = _INLINE_CODE.sub(lambda m: m.group(1), text)
     text = _INLINE_MATH.sub("x", text)
     text = re.sub(r"^#+\s.*$", "", text, flags=re.MULTILINE)  # headings are not sentences
+    text = re.sub(r"^([ \t]*)\d+\.(?=\s)", r"\1*", text, flags=re.MULTILINE)  # a list's "1." is no number
     text = re.sub(r"^\|.*\|\s*$", "", text, flags=re.MULTILINE)  # tables are not prose
     return text
 
