@@ -156,3 +156,27 @@ def test_trl_text_run_sets_each_of_trls_numbers_at_the_policy_it_measured():
         plotting.plot_trl_text_run(own)
     with pytest.raises(TypeError, match="TextTrainResult"):
         plotting.plot_trl_text_run(run, own=run)
+
+
+@dataclass(frozen=True)
+class LoggedRun:  # the attributes of textrlhf.TextTrainResult that plot_logged_kl_estimates reads
+    kl: np.ndarray
+    k1: np.ndarray
+    k3: np.ndarray
+
+
+def test_logged_kl_estimates_draw_each_runs_three_kls_in_its_own_panel():
+    near = LoggedRun(kl=np.array([0.0, 1.0, 2.0]), k1=np.array([0.0, 1.2, 1.9]), k3=np.array([0.0, 0.9, 2.1]))
+    far = LoggedRun(kl=np.array([0.0, 5.0]), k1=np.array([0.0, 5.5]), k3=np.array([0.0, 30.0]))
+    left, right = plotting.plot_logged_kl_estimates({"β = 0.2": near, "β = 0.01": far})
+    assert (left.get_title(), right.get_title()) == ("β = 0.2", "β = 0.01")
+    for ax, run in ((left, near), (right, far)):
+        exact, k1, k3 = ax.get_lines()
+        assert [np.asarray(line.get_ydata()).tolist() for line in (exact, k1, k3)] == [
+            run.kl.tolist(), run.k1.tolist(), run.k3.tolist()]
+        assert exact.get_linewidth() > k1.get_linewidth()  # the exact KL is the thick line
+        assert len({exact.get_color(), k1.get_color(), k3.get_color()}) == 3
+    with pytest.raises(TypeError, match="non-empty dict"):
+        plotting.plot_logged_kl_estimates({})
+    with pytest.raises(TypeError, match=r"\.k1 and \.k3"):
+        plotting.plot_logged_kl_estimates({"a": _run(0.1)})

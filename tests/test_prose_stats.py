@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -128,3 +130,55 @@ def test_a_folded_block_inside_a_list_item_is_folded() -> None:
             "   Folded words.\n   ```\n")
     assert stats_of_text(text).words == 3 and stats_of_text(text, folded=True).words == 3 + 2
     assert stats_of_text(text).numbers == 0
+
+
+def test_a_link_to_a_page_reads_as_its_title_not_its_file_name() -> None:
+    s = stats_of_text("As {doc}`04-estimating-kl` showed, and {doc}`the card <kl-in-one-page>` says.")
+    assert s.numbers == 0 and s.words == len("As section showed and the card says".split())
+
+
+# The teach-first budgets of CONTRIBUTING.md ("The teach-first redesign"), on the book as it is: the core
+# path (the pages of _toc.yml outside its Deep dives and Appendix parts, folded blocks and exercises left
+# out) is short and plain, and the whole book, folded blocks and deep dives included, is shorter than the
+# 46,100 words it held before the redesign (tools/prose_stats.py on main at 18e5b9d).
+ROOT = Path(__file__).resolve().parents[1]
+CORE_WORDS, NUMBERS_PER_100, LONG_SHARE, WHOLE_BOOK_BEFORE = 20_000, 2.0, 0.10, 46_100
+SECTIONS = sorted((ROOT / "book").glob("[01][0-9]-*.ipynb"))
+DISPLAY_MATH = re.compile(r"\$\$|```\{math\}")
+TAKEAWAYS = re.compile(r"```\{admonition\} Takeaways\n:class: tip\n")
+
+
+def _total(pages: list[Path], folded: bool = False) -> ProseStats:
+    return sum((prose_stats(p, folded=folded) for p in pages), ProseStats(0, 0, 0, 0))
+
+
+def test_the_core_path_meets_its_budgets() -> None:
+    core, _ = book_pages(ROOT / "_toc.yml")
+    total = _total(core)
+    assert total.words <= CORE_WORDS, f"the core path holds {total.words:,} words (at most {CORE_WORDS:,})"
+    assert total.numbers_per_100_words <= NUMBERS_PER_100, (
+        f"{total.numbers_per_100_words:.2f} numbers per 100 words on the core path "
+        f"(at most {NUMBERS_PER_100})")
+    assert total.long_share <= LONG_SHARE, (
+        f"{100 * total.long_share:.1f} % of the core path's sentences run over {LONG_SENTENCE} words")
+
+
+def test_the_whole_book_is_shorter_than_before_the_redesign() -> None:
+    core, rest = book_pages(ROOT / "_toc.yml")
+    whole = _total(core + rest, folded=True)
+    assert whole.words < WHOLE_BOOK_BEFORE, f"{whole.words:,} words, folded blocks and deep dives included"
+
+
+@pytest.mark.parametrize("section", SECTIONS, ids=[p.stem for p in SECTIONS])
+def test_a_section_opens_with_words_and_closes_with_takeaways(section: Path) -> None:
+    cells = json.loads(section.read_text(encoding="utf8"))["cells"]
+    markdown = "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    before_maths = DISPLAY_MATH.split(markdown, maxsplit=1)[0]
+    assert stats_of_text(before_maths).words >= 60, (
+        f"{section.name}: its key idea in words (at least 60) comes before its first display equation")
+    body = markdown.split("\n## Exercises", 1)[0]
+    boxes = list(TAKEAWAYS.finditer(body))
+    assert boxes, f"{section.name}: no Takeaways box (```{{admonition}} Takeaways, :class: tip)"
+    after = body[boxes[-1].end():]
+    assert after.count("```") == 1, (
+        f"{section.name}: the Takeaways box is not the last thing before its exercises")

@@ -103,6 +103,7 @@ from .style import (
     use_style,
 )
 from .text import (
+    plot_logged_kl_estimates,
     plot_position_kl,
     plot_text_overoptimisation,
     plot_text_runs,
@@ -170,5 +171,6 @@ __all__ = [
     "plot_token_kl_text",
     "plot_trl_text_run",
     "plot_position_kl",
+    "plot_logged_kl_estimates",
     "word_label",
 ]

@@ -7,7 +7,9 @@
 * :func:`plot_token_kl_text`: texts written out word by word, each word shaded by the KL at its position;
 * :func:`plot_position_kl`: where along a policy's own responses its KL goes, position by position;
 * :func:`plot_trl_text_run`: a run through TRL's ``RLOOTrainer``: TRL's logged ``kl`` beside the
-  callback's exact KL per token, and its gold reward beside the library's own run's.
+  callback's exact KL per token, and its gold reward beside the library's own run's;
+* :func:`plot_logged_kl_estimates`: the three KLs a run logs at every step (the exact per-position KL,
+  k1 and k3), one panel per run.
 
 They take objects with array attributes (``TextTrainResult``, ``TokenKL``, ``TRLTextResult``), never a
 model.
@@ -34,7 +36,7 @@ from .style import (
 )
 
 __all__ = ["plot_text_runs", "plot_text_overoptimisation", "plot_token_kl_text", "word_label",
-           "plot_position_kl", "plot_trl_text_run"]
+           "plot_position_kl", "plot_trl_text_run", "plot_logged_kl_estimates"]
 
 
 def _check_runs(runs: object, what: str) -> None:
@@ -280,4 +282,39 @@ def plot_position_kl(profiles: Mapping[str, Any], *, axes: Any = None,
     figure_legend_below(flat[0], ncol=2)
     if title:
         flat[0].figure.suptitle(title)
+    return flat
+
+
+LOGGED_KL_SERIES = (("exact per-position KL", "kl"), ("k1", "k1"), ("k3", "k3"))
+
+
+def plot_logged_kl_estimates(runs: Mapping[str, Any], *, axes: Any = None) -> np.ndarray:
+    """The KL of each batch as a run logged it, three ways: the exact per-position KL summed along each
+    response (thick), and the sampled estimates k1 and k3, against the training step; one panel per run.
+
+    Parameters
+    ----------
+    runs : dict label -> TextTrainResult
+        e.g. ``{"β = 0.2": run, "β = 0.01": run}``; each needs ``kl``, ``k1`` and ``k3``, one value per step.
+    axes : Axes, one per run, optional
+
+    Returns
+    -------
+    ndarray of Axes, shape (len(runs),)
+    """
+    if not isinstance(runs, Mapping) or len(runs) == 0:
+        raise TypeError("runs: expected a non-empty dict label -> TextTrainResult")
+    for label, run in runs.items():
+        missing = [field for _, field in LOGGED_KL_SERIES if not hasattr(run, field)]
+        if missing:
+            raise TypeError(f"runs[{label!r}]: expected a TextTrainResult (with .kl, .k1 and .k3), "
+                            f"got {type(run).__name__}")
+    flat = new_axes_grid(axes, 1, len(runs), figsize=fig_size(3.4))
+    for ax, (label, run) in zip(flat, runs.items(), strict=True):
+        for i, (name, field) in enumerate(LOGGED_KL_SERIES):
+            style = series_style(i)
+            ax.plot(np.asarray(getattr(run, field), dtype=float), label=name, color=style["color"],
+                    linestyle=style["linestyle"], linewidth=2.4 if i == 0 else 1.3)
+        ax.set(title=label, xlabel="training step (batches)", ylabel="logged KL (nats per response)")
+    figure_legend_below(flat[0], ncol=len(LOGGED_KL_SERIES))
     return flat
