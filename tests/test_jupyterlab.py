@@ -331,10 +331,9 @@ def _read_chapters(lab: str, browser: Browser) -> dict[str, dict]:
                               ".scrollIntoView({block: 'start'})")
                 shot = SCREENSHOT_DIR / "jupyterlab" / f"{chapter.stem}-exercises.jpg"
                 page.screenshot(path=shot, type="jpeg", quality=60)
-            # every solution opened, so that its text is read (and checked) with the rest
-            page.evaluate("() => { for (const d of document.querySelectorAll("
-                          "'.jp-MarkdownCell details.myst-exercise'))"
-                          " if (d.querySelector('summary').innerText.includes('Solution to'))"
+            # every folded block opened (the solutions, the "Precisely" dropdowns), so that its text is
+            # read (and checked) with the rest
+            page.evaluate("() => { for (const d of document.querySelectorAll('.jp-MarkdownCell details'))"
                           " d.open = true; }")
             states[chapter.name] = {**page.evaluate(CHAPTER_STATE), **exercises}
         else:
