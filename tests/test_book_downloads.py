@@ -49,7 +49,7 @@ RUNS = {"nbval-native.json": "this machine's kernels", "nbval-second-kernels.jso
 FOLDER = "kltutorial-notebooks"
 BUDGET_S = 60
 #: Files a notebook shows ({figure}) or reads: images and data.
-DATA_SUFFIXES = {".png", ".jpg", ".jpeg", ".svg", ".gif", ".csv", ".json"}
+DATA_SUFFIXES = {".png", ".jpg", ".jpeg", ".svg", ".gif", ".csv", ".json", ".npz"}
 
 
 def toc_files() -> list[str]:

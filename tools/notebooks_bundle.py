@@ -7,7 +7,8 @@ package. When an HTML build finishes, this extension writes :data:`BUNDLE` into 
 
 * ``book/``: every chapter notebook the table of contents lists, and every file under ``book/`` that
   one of them refers to by a relative path (the figure PNGs, at the same relative paths, so each
-  ``{figure}`` resolves when the notebook is opened from the bundle);
+  ``{figure}`` resolves when the notebook is opened from the bundle; the stored runs under
+  ``book/data/`` that its code reads, so that it runs);
 * ``requirements.txt`` (the exact pins of the whole environment) and ``pyproject.toml``;
 * ``kltutorial/``, the package's source (no ``__pycache__``), installed with ``pip install -e .``;
 * ``README.md``, :data:`README`: the two commands that set it up and open the chapters.
@@ -47,8 +48,9 @@ README = """\
 # The KL Penalty in RLHF: the chapters as notebooks
 
 Every chapter of the book as a Jupyter notebook (`book/`), with the figures it shows
-(`book/images/figures/`), the `kltutorial` package its code imports (`kltutorial/`) and the exact
-versions of everything it needs (`requirements.txt`). With Python 3.11, from this folder:
+(`book/images/figures/`) and the stored runs it reads (`book/data/`), the `kltutorial` package its
+code imports (`kltutorial/`) and the exact versions of everything it needs (`requirements.txt`). With
+Python 3.11, from this folder:
 
 ```bash
 python3.11 -m venv .venv && .venv/bin/pip install -r requirements.txt && .venv/bin/pip install --no-deps -e .
@@ -63,7 +65,7 @@ status page gives the times of its last verified run.
 
 # A relative path in a notebook's Markdown or code: a link or image target, a {figure} argument.
 _RELATIVE_FILE = re.compile(
-    r"""(?<![\w/.-])((?:\.\./)*[\w.-]+(?:/[\w.-]+)*\.(?:png|jpe?g|svg|gif|csv|json))\b""")
+    r"""(?<![\w/.-])((?:\.\./)*[\w.-]+(?:/[\w.-]+)*\.(?:png|jpe?g|svg|gif|csv|json|npz))\b""")
 
 
 def chapter_notebooks(app: Sphinx) -> list[Path]:
