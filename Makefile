@@ -3,7 +3,7 @@
 #   make book       the HTML book in _build/html, from the notebooks' committed outputs (executes nothing)
 #   make test       lint, unit tests, nbval over every notebook (on a second kernel set),
 #                   strict book build, browser check, PDF
-#   make pdf        the whole book as one PDF, _build/pdf/book.pdf (from make test's strict build)
+#   make pdf        the book as one PDF, _build/pdf/book.pdf, the API reference left to the HTML
 #   make notebooks  re-execute every notebook in place (refreshes the committed outputs)
 #   make book-executed  execute the notebooks (jupyter-cache) and write the HTML book
 #   make lab        JupyterLab on book/ with the project's virtual environment
@@ -200,9 +200,10 @@ screenshots: $(STAMP) chromium
 lab-check: $(STAMP) chromium
 	$(call pytest_strict,tests/test_jupyterlab.py -m book --durations=4)
 
-# The whole book as one PDF, from the doctrees of the strict build (make test's; on a fresh checkout
-# book-verified runs first), executing nothing: Sphinx's singlehtml builder writes the book as one
-# page (-D as in book-verified), and tools/book_pdf.py prints it in Debian's Chromium once MathJax has
+# The book as one PDF (tools/book_pdf.py leaves the API reference to the HTML), from the doctrees of
+# the strict build (make test's; on a fresh checkout book-verified runs first), executing nothing:
+# Sphinx's singlehtml builder writes the book as one page (-D as in book-verified), and
+# tools/book_pdf.py prints it in Debian's Chromium once MathJax has
 # typeset it, with the book's print style sheet (tools/static/kltutorial-print.css).
 PDF_DIR := $(BUILD)/pdf
 pdf: $(STAMP) chromium

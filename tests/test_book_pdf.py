@@ -7,6 +7,7 @@ every figure's number and the start of its caption. The PDF's text (extracted wi
 in requirements.txt) must contain each, titles in order, and none of the MyST or TeX that a page
 shows when its source was not rendered. Its links must stay inside it (a cross-reference is a jump to
 a page of the PDF) or go to the web, never to a file of the build; its outline lists every chapter.
+The pages ``tools/book_pdf.py`` leaves out (``LEFT_OUT``: the API reference) are not in it at all.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import pypdfium2 as pdfium
 import pypdfium2.raw as raw
 import pytest
 from test_book_downloads import toc_files
+
+from tools.book_pdf import LEFT_OUT, leave_out
 
 pytestmark = [pytest.mark.book, pytest.mark.pdf]
 
@@ -68,8 +71,31 @@ def text(doc: pdfium.PdfDocument) -> str:
 
 @cache
 def toc_pages() -> list[Path]:
-    """The built page of every file of ``_toc.yml``, in reading order."""
-    return [HTML_DIR / f"{name}.html" for name in toc_files()]
+    """The built page of every file of ``_toc.yml`` that the PDF holds, in reading order."""
+    return [HTML_DIR / f"{name}.html" for name in toc_files() if name not in LEFT_OUT]
+
+
+def test_the_pages_left_out_are_not_in_the_pdf(text: str) -> None:
+    for name in LEFT_OUT:
+        page = HTML_DIR / f"{name}.html"
+        assert page.is_file(), f"{name}: not built, so nothing to leave out"
+        # the page's first paragraph, as the HTML shows it
+        first = re.search(r"<p>(.*?)</p>", page.read_text(encoding="utf8"), re.DOTALL)
+        assert first, f"{page.name}: no paragraph"
+        words = " ".join(_text_of(first.group(1)).split()[:8])
+        assert words and words not in text, f"{page.name}: {words!r} is in the PDF"
+
+
+def test_leave_out_removes_a_document_and_unwraps_the_links_into_it() -> None:
+    page = ('<main><span id="document-book/a"></span><section id="a"><p>See '
+            '<a class="reference internal" href="#x"><code>x()</code></a> and <a href="#a">A</a>.</p>'
+            '</section><span id="document-book/api"></span><section id="api"><dt id="x">x</dt></section>'
+            '<span id="document-book/status"></span><section id="status">S</section></main>')
+    out = leave_out(page, ("book/api",))
+    assert 'id="api"' not in out and 'id="x"' not in out and 'id="status"' in out
+    assert "See <code>x()</code> and" in out and '<a href="#a">A</a>' in out  # the link to a kept place stays
+    with pytest.raises(ValueError, match="documents"):
+        leave_out(page, ("book/missing",))
 
 
 def page_title(page: Path) -> str:

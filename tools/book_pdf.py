@@ -22,13 +22,16 @@ navigation; code and outputs wrapped at the margin instead of scrolling; tables 
 width; a figure kept on one page with its caption. What only the script can do: unfold what the
 screen folds (the solutions), since paper has no button, and unwrap the links that would lead out of
 the PDF to a file of the build (a figure's link to its own image). The set-up cells, whose input the
-screen folds, are left out (the notebooks bundle has them).
+screen folds, are left out (the notebooks bundle has them). So is the API reference
+(:data:`LEFT_OUT`): half of the book's HTML and two fifths of its formulas, for a reader at a screen; the
+links to it become plain text (:func:`leave_out`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 import time
@@ -94,6 +97,28 @@ def chromium() -> str:
     return executable
 
 
+#: The pages the PDF leaves out (the HTML book has them): the API reference, generated from the
+#: docstrings, half of the single page and two fifths of its formulas.
+LEFT_OUT = ("book/api",)
+_DOCUMENT = re.compile(r'<span id="document-([^"]+)"></span>')
+
+
+def leave_out(text: str, documents: tuple[str, ...] = LEFT_OUT) -> str:
+    """The single page without ``documents`` (each from its ``document-...`` marker to the next one),
+    and every link to a place inside them unwrapped to its text, so that no link points nowhere."""
+    ids: set[str] = set()
+    for document in documents:
+        start = text.find(f'<span id="document-{document}"></span>')
+        if start < 0:
+            raise ValueError(f"documents: {document!r} is not in the single page")
+        following = _DOCUMENT.search(text, start + 1)
+        end = following.start() if following else text.rfind("</main>")
+        ids |= set(re.findall(r'\bid="([^"]+)"', text[start:end]))
+        text = text[:start] + text[end:]
+    return re.sub(r'<a\b[^>]*\bhref="#([^"]+)"[^>]*>(.*?)</a>',
+                  lambda m: m.group(2) if m.group(1) in ids else m.group(0), text, flags=re.DOTALL)
+
+
 #: The file the script prints, at the root of the singlehtml build (see :func:`root_page`).
 PRINTED = "book.html"
 
@@ -115,6 +140,7 @@ def root_page(html_dir: Path) -> Path:
     text = pages[0].read_text(encoding="utf8")
     text = text.replace(f'href="{name}#', 'href="#').replace(f'href="{name}"', 'href="#"')
     text = text.replace('src="../_static/plotly.min.js"', 'src="_static/plotly.min.js"')
+    text = leave_out(text)
     target = html_dir / PRINTED
     target.write_text(text, encoding="utf8")
     return target
