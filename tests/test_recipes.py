@@ -167,6 +167,27 @@ def test_recipe_fixed_point_rejects_bad_input(kwargs, match, task) -> None:
         R.recipe_fixed_point(task, **kwargs)
 
 
+def test_kl_to_fixed_points_measures_a_policy_against_both_points(task) -> None:
+    beta = 0.3
+    optimum = ex.optimal_policy(task.ref_logprobs, task.proxy_reward, beta)
+    own_point = R.recipe_fixed_point(task, "dr-grpo-k3-loss", beta)
+    # at the recipe's own point: 0 to it, and exactly its distance to pi*_beta
+    to_own, to_opt = R.kl_to_fixed_points(task, "dr-grpo-k3-loss", own_point, beta)
+    assert abs(to_own) < 1e-12 and to_opt == pytest.approx(float(ex.sequence_kl(own_point, optimum)))
+    assert to_opt > 1e-3  # k3 in the loss stops off pi*_beta
+    # k1 in the reward: its own point is pi*_beta, so the two distances agree
+    to_own, to_opt = R.kl_to_fixed_points(task, "ppo-k1-reward", task.ref_logprobs, beta)
+    assert to_own == pytest.approx(to_opt) and to_opt == pytest.approx(
+        float(ex.sequence_kl(task.ref_logprobs, optimum)))
+    # no stable fixed point: NaN for it, the distance to pi*_beta still measured
+    to_own, to_opt = R.kl_to_fixed_points(task, "dr-grpo-k1-loss", optimum, beta)
+    assert to_own != to_own and abs(to_opt) < 1e-12
+    with pytest.raises(ValueError, match="beta"):
+        R.kl_to_fixed_points(task, "ppo-k1-reward", optimum, 0.0)
+    with pytest.raises(ValueError, match="recipe must be one of"):
+        R.kl_to_fixed_points(task, "ppo-k9-reward", optimum, beta)
+
+
 # --- the pieces of the updates ----------------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from .. import exact as ex
 from .config import FIXED_BETAS, TaskConfig, TrainConfig
-from .recipes import POLICIES, RECIPES, get_recipe, recipe_fixed_point, train_recipe
+from .recipes import POLICIES, RECIPES, get_recipe, kl_to_fixed_points, recipe_fixed_point, train_recipe
 from .task import make_task
 from .transformer import TRANSFORMER_LR, TransformerPolicy, distill, fit_reference
 
@@ -89,12 +89,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
             parser.error(str(err))
         ref = run.task  # the chain, or the fitted network
         optimum = ex.optimal_policy(ref.ref_logprobs, ref.proxy_reward, config.beta)
-        kl_to_fixed = floor = float("nan")  # no stable fixed point: printed as the recipe's stability
-        if get_recipe(args.recipe).fixed_point is not None:
+        # no stable fixed point: NaN, printed as the recipe's stability
+        kl_to_fixed, kl_to_opt = kl_to_fixed_points(ref, args.recipe, run.logprobs, config.beta,
+                                                    group_size=run.group_size)
+        floor = float("nan")
+        if fitted is not None and get_recipe(args.recipe).fixed_point is not None:  # the network's best
             fixed = recipe_fixed_point(ref, args.recipe, config.beta, group_size=run.group_size)
-            kl_to_fixed = ex.sequence_kl(run.logprobs, fixed)
-            if fitted is not None:  # the best this network does on the same target
-                floor = distill(copy.deepcopy(fitted), fixed, steps=args.distill_steps)
+            floor = distill(copy.deepcopy(fitted), fixed, steps=args.distill_steps)
         rows.append({
             "recipe": args.recipe,
             "beta": config.beta,
@@ -102,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
             "opt_kl": ex.sequence_kl(optimum, ref.ref_logprobs),
             "proxy": ex.expected_reward(run.logprobs, task.proxy_reward),
             "gold": ex.expected_reward(run.logprobs, task.gold_reward),
-            "kl_to_opt": ex.sequence_kl(run.logprobs, optimum),
+            "kl_to_opt": kl_to_opt,
             "kl_to_fixed": kl_to_fixed,
             "floor": floor,
         })

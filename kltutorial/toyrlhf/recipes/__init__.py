@@ -43,6 +43,7 @@ from .fixed_points import (
     fixed_point_curve,
     fixed_point_table,
     group_advantage_curve,
+    kl_to_fixed_points,
     recipe_fixed_point,
     score_std,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "get_recipe",
     "train_recipe",
     "recipe_fixed_point",
+    "kl_to_fixed_points",
     "fixed_point_table",
     "expected_gradient",
     "score_std",

@@ -65,6 +65,7 @@ from ..task import ToyTask, check_task
 from .registry import RecipeSpec, get_recipe
 
 __all__ = ["GROUP_DRAWS", "GROUP_EXACT_CELLS", "GROUP_METHODS", "ADVANTAGE_SCALES", "recipe_fixed_point",
+           "kl_to_fixed_points",
            "fixed_point_table", "loss_fixed_point_table",
            "expected_gradient", "score_std", "group_advantage_curve", "FixedPointCurve", "fixed_point_curve"]
 
@@ -616,6 +617,28 @@ def recipe_fixed_point(
         task.space, task.ref_table, task.proxy_reward, recipe, beta, group_size=group_size
     )
     return ex.sequence_logprobs(task.space, table)
+
+
+def kl_to_fixed_points(
+    task: ToyTask, recipe: str, logprobs: torch.Tensor, beta: float, *, group_size: int | None = None
+) -> tuple[float, float]:
+    r"""Where a policy ``logprobs`` (V**T,) stands against the two points of ``recipe`` at ``beta``: its exact
+    KL to the recipe's own fixed point (:func:`recipe_fixed_point`; NaN for the recipes without a stable
+    one, whose ``stability`` says why) and to :math:`\pi^*_\beta`, as ``(to_own, to_optimum)`` in nats.
+
+    Raises
+    ------
+    ValueError
+        For an unknown recipe, :math:`\beta \le 0` or a group of fewer than 2.
+    """
+    task = check_task(task)
+    beta = check_positive(beta, "beta")
+    to_own = float("nan")
+    if get_recipe(recipe).fixed_point is not None:
+        fixed = recipe_fixed_point(task, recipe, beta, group_size=group_size)
+        to_own = float(ex.sequence_kl(logprobs, fixed))
+    optimum = ex.optimal_policy(task.ref_logprobs, task.proxy_reward, beta)
+    return to_own, float(ex.sequence_kl(logprobs, optimum))
 
 
 def expected_gradient(
